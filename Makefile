@@ -1,0 +1,102 @@
+# django-leader developer entry point. `make help` lists the targets.
+#
+#   make venv    .venv with the package (editable) and the dev tools
+#   make test    the test suite against SQLite, and PostgreSQL / MariaDB when reachable
+#   make lint    ruff and mypy
+#   make docs    the Sphinx documentation in docs/_build/html (warnings are errors)
+#   make demo    election, crash, takeover and shutdown of three processes (SQLite only)
+#   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
+#                each in a venv of its own, where those interpreters exist
+#
+# Variables: PYTHON (the interpreter that creates .venv, default python3),
+# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x").
+
+PYTHON ?= python3
+PYTEST_ARGS ?=
+
+VENV := .venv
+BIN := $(VENV)/bin
+# Touched after a successful install; older than pyproject.toml means "install again".
+STAMP := $(VENV)/.installed
+MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test lint docs demo compat compat-one clean distclean
+
+help:
+	@echo "make venv       create .venv and install django-leader[dev] (editable)"
+	@echo "make test       run the test suite (PYTEST_ARGS=... passes options to pytest)"
+	@echo "make lint       ruff check and mypy"
+	@echo "make docs       build the documentation into docs/_build/html (warnings are errors)"
+	@echo "make demo       leader election demo with three processes (SQLite, no services)"
+	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
+	@echo "make clean      remove caches, build output and .demo/"
+	@echo "make distclean  clean, and remove .venv too"
+
+venv: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@# mysqlclient is built from source: it needs a C compiler, the Python headers,
+	@# pkg-config and the MariaDB/MySQL client headers (Debian: libmariadb-dev).
+	@if $(BIN)/python -m pip install --quiet mysqlclient >$(MYSQLCLIENT_LOG) 2>&1; then \
+		echo "mysqlclient installed: the MariaDB tests can run"; \
+	else \
+		echo "NOTE: could not install mysqlclient (see $(MYSQLCLIENT_LOG)): the MariaDB tests"; \
+		echo "      will be skipped. Install gcc, pkg-config and libmariadb-dev, then run"; \
+		echo "      'rm $(STAMP) && make venv' to try again."; \
+	fi
+	@touch $@
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Both tools run even if the first one fails, so one pass shows every problem.
+lint: venv
+	@status=0; \
+	echo "$(BIN)/ruff check ."; $(BIN)/ruff check . || status=1; \
+	echo "$(BIN)/mypy"; $(BIN)/mypy || status=1; \
+	exit $$status
+
+# -E: read every page again, so that a page's warnings are reported on every build, not
+# only on the first one after it changed.
+docs: venv
+	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
+
+# Other Django versions: the store-facing core (conformance, lease, settings, lock, health
+# and metrics), on the interpreters pyenv or the system provides; a missing one is skipped.
+COMPAT_TESTS := tests/test_conformance.py tests/test_lease.py tests/test_conf.py \
+	tests/test_lock.py tests/test_observability.py
+COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
+	prometheus-client
+# pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.
+PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python) $(shell command -v python3.10))
+PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python) $(shell command -v python3.12 python3.13))
+
+compat:
+	@$(MAKE) --no-print-directory compat-one PY="$(PY310)" DJANGO="Django>=4.2,<5" NAME=django42
+	@$(MAKE) --no-print-directory compat-one PY="$(PY312)" DJANGO="Django>=6.0,<7" NAME=django6
+
+compat-one:
+	@if [ -z "$(PY)" ]; then echo "compat $(NAME): no suitable Python here, skipped"; exit 0; fi; \
+	set -e; \
+	test -x .venv-$(NAME)/bin/python || $(PY) -m venv .venv-$(NAME); \
+	.venv-$(NAME)/bin/python -m pip install --quiet --upgrade pip; \
+	.venv-$(NAME)/bin/python -m pip install --quiet -e . "$(DJANGO)" $(COMPAT_DEPS); \
+	.venv-$(NAME)/bin/python -m pip install --quiet mysqlclient || true; \
+	echo "compat $(NAME): $$(.venv-$(NAME)/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"; \
+	.venv-$(NAME)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/python -m testproject.demo
+
+clean:
+	rm -rf .demo build dist docs/_build .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) .venv-django42 .venv-django6

@@ -1,0 +1,35 @@
+"""Django set-up shared by the benchmarks: the testproject's settings, real servers."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup() -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+
+    django.setup()
+
+
+def migrate(alias: str) -> None:
+    from django.core.management import call_command
+
+    call_command("migrate", database=alias, verbosity=0)
+
+
+def summary(samples: list[float]) -> str:
+    """ops/s, median and p99 of per-operation latencies (seconds)."""
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    total = sum(samples)
+    return (
+        f"{len(samples) / total:8.0f} ops/s  median {statistics.median(samples) * 1000:7.3f} ms"
+        f"  p99 {p99 * 1000:7.3f} ms"
+    )

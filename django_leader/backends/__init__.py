@@ -1,0 +1,48 @@
+"""Lease stores. Pick one with ``DJANGO_LEADER["BACKEND"]`` (a dotted path)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from ..conf import get_settings
+from .base import Backend
+
+_lock = threading.Lock()
+_shared: dict[tuple[str, float | None], Backend] = {}
+_shared_conf: object = None
+#: Set by django_leader.testing: every Elector and lock() of this process uses it.
+_override: Backend | None = None
+
+
+def get_backend(path: str | None = None, *, timeout: float | None = None) -> Backend:
+    """The backend named by ``path`` (default: the ``BACKEND`` setting), shared per process.
+
+    ``timeout`` bounds each store call when it is shorter than the settings' call timeout
+    (for an Elector or lock whose ttl is shorter than ``LEASE_TTL``).
+    """
+    global _shared_conf
+    if _override is not None:
+        return _override
+    conf = get_settings()
+    path = path or conf.backend
+    if timeout is not None and timeout >= conf.timing.call_timeout:
+        timeout = None
+    key = (path, timeout)
+    with _lock:
+        if conf is not _shared_conf:  # the settings changed (tests): build anew
+            _shared.clear()
+            _shared_conf = conf
+        if key not in _shared:
+            _shared[key] = _load(path, timeout)
+        return _shared[key]
+
+
+def _load(path: str, timeout: float | None) -> Backend:
+    cls = import_string(path)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise TypeError(f"{path} is not a django_leader.backends.base.Backend subclass")
+    factory: Any = cls  # the contract does not fix constructor arguments; ours take timeout
+    return factory() if timeout is None else factory(timeout=timeout)

@@ -1,0 +1,482 @@
+"""``LeaderScheduler``: run ``celery beat`` everywhere, let exactly one of them send.
+
+Every beat process campaigns for one lease with an :class:`~django_leader.Elector` of its
+own (a background thread, which also renews the lease: a long tick or sleep cannot lose
+it). Only the holder builds the scheduler it wraps (``DJANGO_LEADER["BEAT_SCHEDULER"]``)
+and hands each tick to it; a follower builds nothing, so it neither sends nor writes any
+schedule state, and waits (at most ``RETRY_INTERVAL`` per tick) to be elected.
+
+A slot is sent like this, in the wrapped scheduler's own ``apply_async``:
+
+1. the lease must still be held (``lease.held``, the local deadline rule);
+2. the slot (the entry's new ``last_run_at``) is recorded in the shared slot store, fenced
+   by the lease token (see :mod:`.state`): refused → not sent, the beat steps down;
+3. the message is published, with the slot in its headers;
+4. the record is marked sent.
+
+A newly elected beat loads the records and moves each entry's ``last_run_at`` up to its
+last recorded slot before its first tick, so it neither repeats a slot its predecessor
+recorded nor skips the schedule: a slot that fell due while nobody led is sent once, right
+away (Celery's usual catch-up for missed runs). See ``docs/celery.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+from celery import uuid
+from celery.beat import Scheduler
+from celery.utils.imports import load_extension_class_names, symbol_by_name
+from django.core.exceptions import ImproperlyConfigured
+
+from ..conf import get_settings, validate_name
+from ..elector import Elector
+from ..exceptions import LeadershipLost
+from ..lease import Lease
+from .state import Slot, SlotStore, entry_key, slot_store
+
+logger = logging.getLogger("django_leader.celery")
+
+#: Headers added to every message LeaderScheduler sends.
+HEADER_ENTRY = "django_leader_entry"
+HEADER_SLOT = "django_leader_slot"
+HEADER_TOKEN = "django_leader_token"
+HEADER_HOLDER = "django_leader_holder"
+
+#: Longest pause between two attempts to build a wrapped scheduler that failed.
+MAX_BACKOFF = 30.0
+
+
+class BeatElector(Elector):
+    """The elector of one :class:`LeaderScheduler`.
+
+    It is the ``sender`` of the ``leader_elected``, ``leader_lost`` and ``lease_released``
+    signals for the beat's leadership changes (``sender.scheduler`` is the scheduler).
+    """
+
+    def __init__(self, scheduler: LeaderScheduler, name: str, **kwargs: Any) -> None:
+        self.scheduler = scheduler
+        super().__init__(name, **kwargs)
+
+    def on_elected(self, lease: Lease) -> None:
+        logger.info(
+            "celery beat %s elected for %r (token %s): this beat sends the schedule",
+            self.identity,
+            self.name,
+            lease.token,
+        )
+
+    def on_lost(self, lease: Lease) -> None:
+        stopped = lease.lost_reason == "elector stopped"
+        logger.log(
+            logging.INFO if stopped else logging.WARNING,
+            "celery beat %s no longer leads %r (token %s, %s): it sends nothing%s",
+            self.identity,
+            self.name,
+            lease.token,
+            lease.lost_reason or "lost",
+            "" if stopped else " and campaigns again",
+        )
+
+    def on_new_leader(self, lease: Lease) -> None:
+        if lease.holder != self.identity:
+            logger.info(
+                "celery beat %s stands by: %r is led by %s (token %s)",
+                self.identity,
+                self.name,
+                lease.holder,
+                lease.token,
+            )
+
+
+def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
+    """The scheduler class named by ``DJANGO_LEADER["BEAT_SCHEDULER"]`` (or ``path``):
+    ``"module:Class"``, a dotted path or a Celery alias."""
+    path = path or get_settings().beat_scheduler
+    aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+    try:
+        cls = symbol_by_name(path, aliases=aliases)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ImproperlyConfigured(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} cannot be imported: {exc}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+        raise ImproperlyConfigured(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is not a celery.beat.Scheduler subclass"
+        )
+    if issubclass(cls, (LeaderScheduler, _LeaderMixin)):
+        raise ImproperlyConfigured(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is a LeaderScheduler: it must name "
+            "the scheduler LeaderScheduler wraps (e.g. 'celery.beat:PersistentScheduler')"
+        )
+    return cls
+
+
+class _LeaderMixin:
+    """Mixed into the wrapped scheduler's class: every send goes through its LeaderScheduler,
+    and schedule state is written back only while the lease it was built under is held."""
+
+    _dl_owner: LeaderScheduler | None
+    _dl_lease: Lease | None
+
+    def __init__(
+        self,
+        *args: Any,
+        _dl_owner: LeaderScheduler | None = None,
+        _dl_lease: Lease | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Set before the wrapped __init__, which may already sync (PersistentScheduler).
+        self._dl_owner = _dl_owner
+        self._dl_lease = _dl_lease
+        self._dl_reserved: dict[str, Any] = {}
+        super().__init__(*args, **kwargs)
+
+    def is_due(self, entry: Any) -> Any:
+        if self._dl_owner is not None:
+            self._dl_owner._adopt(entry)
+        return super().is_due(entry)  # type: ignore[misc]
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)  # type: ignore[misc]
+        self._dl_reserved[entry.name] = new_entry.last_run_at
+        return new_entry
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        owner = self._dl_owner
+        if owner is None:  # the banner's instance: it never sends
+            return None
+        prepared = owner._take_slot(self, entry, advance)
+        if prepared is None:
+            return None
+        message_entry, lease, slot = prepared
+        result = super().apply_async(  # type: ignore[misc]
+            message_entry, producer=producer, advance=False, **kwargs
+        )
+        owner._sent(lease, slot)
+        return result
+
+    def sync(self) -> None:
+        lease = self._dl_lease
+        if lease is None or not lease.held:
+            # A follower, or a deposed leader: its view of the schedule is not the truth.
+            logger.debug("not syncing the schedule: this beat does not lead")
+            return
+        super().sync()  # type: ignore[misc]
+
+
+_classes: dict[type[Scheduler], type[Scheduler]] = {}
+_classes_lock = threading.Lock()
+
+
+def _leader_class(cls: type[Scheduler]) -> type[Scheduler]:
+    with _classes_lock:
+        if cls not in _classes:
+            _classes[cls] = type(
+                f"Leader{cls.__name__}",
+                (_LeaderMixin, cls),
+                {"__module__": __name__, "__qualname__": f"Leader{cls.__name__}"},
+            )
+        return _classes[cls]
+
+
+def _aware(value: datetime, tz: Any) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=tz)
+
+
+class LeaderScheduler(Scheduler):
+    """A Celery beat scheduler that sends only while it holds a lease.
+
+    ``celery beat -S django_leader.celery:LeaderScheduler`` (or ``CELERY_BEAT_SCHEDULER``)
+    on every host. It wraps the scheduler named by ``DJANGO_LEADER["BEAT_SCHEDULER"]``
+    (default Celery's ``PersistentScheduler``; also django-celery-beat's
+    ``DatabaseScheduler``). The lease is named by the Celery setting
+    ``beat_leader_lease`` (``CELERY_BEAT_LEADER_LEASE`` in Django settings), default
+    ``"celery-beat:<app name>"``; its timing comes from ``DJANGO_LEADER``.
+    """
+
+    #: The lease name (overrides the Celery setting ``beat_leader_lease``).
+    lease_name: str | None = None
+
+    def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        self._wrapped = wrapped_scheduler_class()
+        self._inner_cls = _leader_class(self._wrapped)
+        self._inner_kwargs = dict(kwargs)
+        self._inner: Any = None
+        self._elector: BeatElector | None = None
+        self._slots: SlotStore | None = None
+        self._last: dict[str, datetime] = {}
+        self._closing = False
+        self._closed = False
+        self._busy = False
+        self._failures = 0
+        # Never set up: for max_interval and the banner's `info`.
+        self._idle = self._inner_cls(app, lazy=True, **kwargs)
+        kwargs["max_interval"] = kwargs.get("max_interval") or self._idle.max_interval
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # -- Scheduler hooks ------------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        """Start campaigning (only an instance that runs gets here, never a lazy one)."""
+        from django.apps import apps
+
+        if not apps.ready:  # celery's Django fixup normally did this already
+            import django
+
+            django.setup()
+        self._elector = BeatElector(self, self.lease)
+        self._slots = slot_store(self._elector.backend)
+        self._elector.start()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Follower: wait up to ``RETRY_INTERVAL`` to be elected. Leader: the wrapped
+        scheduler's tick (which sends what is due)."""
+        self._busy = True
+        try:
+            return self._tick(*args, **kwargs)
+        finally:
+            self._busy = False
+
+    def _tick(self, *args: Any, **kwargs: Any) -> float:
+        elector = self._elector
+        if elector is None or self._closing:
+            return self.max_interval
+        lease = elector.lease
+        if lease is None:
+            self._stand_down()
+            # Waiting here (not in beat's sleep) lets an elected beat start at once.
+            if not elector.wait_for_leadership(self._follower_wait):
+                return 0.0
+            lease = elector.lease
+            if lease is None:
+                return 0.0
+        inner = self._inner
+        if inner is None or inner._dl_lease is not lease:
+            self._stand_down()
+            inner = self._take_over(lease)
+            if inner is None:
+                return self._backoff()
+        try:
+            interval = inner.tick(*args, **kwargs)
+        except Exception:
+            # A broken schedule must not crash every beat in turn: log, rebuild later.
+            logger.exception(
+                "celery beat: %s.tick() failed; this beat stops sending and rebuilds it",
+                self._wrapped.__name__,
+            )
+            self._stand_down()
+            return self._backoff()
+        self._failures = 0
+        return float(interval)
+
+    def sync(self) -> None:
+        inner = self._inner
+        if inner is None:
+            return
+        self._busy = True
+        try:
+            inner._do_sync()
+        finally:
+            self._busy = False
+
+    def should_sync(self) -> bool:
+        inner = self._inner
+        return inner is not None and bool(inner.should_sync())
+
+    def close(self) -> None:
+        """Stop sending; sync and close the wrapped scheduler while still leading; release
+        the lease so another beat takes over at once. Idempotent."""
+        self._closing = True
+        if self._busy:
+            # Called by beat's SIGTERM/SIGINT handler in the middle of a tick or a sync: the
+            # wrapped scheduler may be mid-write. Beat raises SystemExit next and calls
+            # close() again once that has unwound; finish then.
+            return
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._stand_down()
+        finally:
+            elector = self._elector
+            if elector is not None:
+                elector.stop(release=True, timeout=max(1.0, elector.timing.ttl))
+            super().close()
+
+    @property
+    def schedule(self) -> Any:
+        inner = self._inner
+        return inner.schedule if inner is not None else {}
+
+    @property
+    def info(self) -> str:
+        conf = get_settings()
+        lines = [
+            f"    . leader lease -> {self.lease!r} ({conf.backend.rsplit('.', 1)[-1]}, "
+            f"ttl {conf.timing.ttl:g}s)",
+            f"    . wraps -> {self._wrapped.__module__}.{self._wrapped.__qualname__}",
+        ]
+        inner_info = self._idle.info
+        if inner_info:
+            lines.append(inner_info)
+        return "\n".join(lines)
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def lease(self) -> str:
+        """The name of the lease the beats campaign for."""
+        name = self.lease_name or self.app.conf.get("beat_leader_lease")
+        if not name:
+            name = f"celery-beat:{self.app.main or 'default'}"
+        return validate_name(name)
+
+    @property
+    def elector(self) -> BeatElector | None:
+        """The elector (None in a lazy instance)."""
+        return self._elector
+
+    @property
+    def is_leader(self) -> bool:
+        return self._elector is not None and self._elector.is_leader
+
+    @property
+    def _follower_wait(self) -> float:
+        elector = self._elector
+        retry = elector.timing.retry_interval if elector is not None else 1.0
+        return max(0.01, min(retry, float(self.max_interval)))
+
+    def _backoff(self) -> float:
+        self._failures += 1
+        return min(MAX_BACKOFF, float(self.max_interval), self._follower_wait * 2**self._failures)
+
+    # -- leadership changes ---------------------------------------------------------------
+    def _take_over(self, lease: Lease) -> Any:
+        """Build the wrapped scheduler for this term, from the shared slot records."""
+        assert self._slots is not None
+        try:
+            slots = self._slots.load(lease)
+        except Exception as exc:
+            logger.warning("celery beat: cannot read the last slots, not sending yet: %s", exc)
+            return None
+        for slot in slots.values():
+            if not slot.sent and slot.token != lease.token:
+                logger.warning(
+                    "celery beat: %s (token %s) stopped between taking slot %s of %r and "
+                    "confirming it was sent: it may not have been sent (it is never sent "
+                    "again, to never send a slot twice)",
+                    slot.holder,
+                    slot.token,
+                    slot.at.isoformat(),
+                    slot.entry,
+                )
+        self._last = {key: slot.at for key, slot in slots.items()}
+        if not lease.held:
+            return None
+        try:
+            inner = self._inner_cls(
+                self.app, lazy=False, _dl_owner=self, _dl_lease=lease, **self._inner_kwargs
+            )
+            entries = list(inner.schedule.values())
+        except Exception:
+            logger.exception("celery beat: cannot set up %s", self._wrapped.__name__)
+            return None
+        for entry in entries:
+            self._adopt(entry)
+        self._inner = inner
+        logger.info(
+            "celery beat %s sends the schedule of %r with %s (token %s); continuing from %d "
+            "recorded slot(s)",
+            lease.holder,
+            lease.name,
+            self._wrapped.__name__,
+            lease.token,
+            len(slots),
+        )
+        return inner
+
+    def _stand_down(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is None:
+            return
+        lease = inner._dl_lease
+        if lease is not None and not lease.held:
+            logger.info("celery beat: stopped sending (lease token %s is lost)", lease.token)
+        try:
+            inner.close()  # syncs only if the lease is still held (a clean shutdown)
+        except Exception:
+            logger.exception("celery beat: closing %s failed", self._wrapped.__name__)
+
+    # -- sending --------------------------------------------------------------------------
+    def _adopt(self, entry: Any) -> None:
+        """Set ``entry.last_run_at`` to the last slot recorded for it, if there is one.
+
+        The record is the truth: it was written, fenced, before the slot was sent. The
+        wrapped scheduler's own value is older (its state is saved after sends, or on
+        another host), or made up (a new entry "last ran" when it was loaded).
+        """
+        last = self._last.get(entry_key(entry.name))
+        if last is None:
+            return
+        current = entry.last_run_at
+        tz = self.app.timezone
+        if current is not None and _aware(current, tz) == last:
+            return
+        if current is not None and current.tzinfo is None:
+            entry.last_run_at = last.astimezone(tz).replace(tzinfo=None)
+        elif current is not None:
+            entry.last_run_at = last.astimezone(current.tzinfo)
+        else:
+            entry.last_run_at = last.astimezone(tz)
+
+    def _take_slot(self, inner: Any, entry: Any, advance: bool) -> tuple[Any, Lease, Slot] | None:
+        """Record the slot ``entry`` is about to be sent for; None: do not send it."""
+        lease = inner._dl_lease
+        if self._closing or lease is None or not lease.held:
+            logger.info("celery beat: not sending %r: this beat no longer leads", entry.name)
+            return None
+        if advance:
+            inner.reserve(entry)
+        at = inner._dl_reserved.pop(entry.name, None) or self.app.now()
+        at = _aware(at, self.app.timezone).astimezone(timezone.utc)
+        slot = Slot(entry_key(entry.name), at, lease.token, lease.holder, uuid())
+        assert self._slots is not None
+        try:
+            self._slots.claim(lease, slot)
+        except LeadershipLost as exc:
+            logger.warning("celery beat: not sending slot %s of %r: %s", at, entry.name, exc)
+            return None
+        except Exception as exc:
+            logger.error(
+                "celery beat: not sending slot %s of %r: cannot record it: %s", at, entry.name, exc
+            )
+            return None
+        self._last[slot.entry] = at
+        options = dict(entry.options or {})
+        headers = dict(options.get("headers") or {})
+        headers.update(
+            {
+                HEADER_ENTRY: entry.name,
+                HEADER_SLOT: at.isoformat(),
+                HEADER_TOKEN: lease.token,
+                HEADER_HOLDER: lease.holder,
+            }
+        )
+        options["headers"] = headers
+        options["task_id"] = slot.task_id
+        # A shallow copy without __reduce__ (ModelEntry cannot be rebuilt from it).
+        message_entry = object.__new__(type(entry))
+        message_entry.__dict__.update(vars(entry))
+        message_entry.options = options
+        return message_entry, lease, slot
+
+    def _sent(self, lease: Lease, slot: Slot) -> None:
+        assert self._slots is not None
+        try:
+            self._slots.confirm(lease, slot)
+        except Exception as exc:
+            logger.warning("celery beat: could not mark slot %s sent: %s", slot.at, exc)

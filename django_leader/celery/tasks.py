@@ -1,0 +1,362 @@
+"""``singleton_task``: a ``shared_task`` of which at most one execution per lock key runs at
+a time, across every worker.
+
+The task's function is wrapped, not its class, so every ``shared_task`` option works as
+before (``bind``, ``base``, the app's own ``Task`` class such as Django's
+``delay_on_commit``…). The wrapper holds a :func:`~django_leader.lock` — acquired without
+waiting, renewed in the background, released (owner-checked) when the function returns or
+raises, ``self.retry()`` included — and makes its lease the :func:`~django_leader.current_lease`.
+
+A pool process killed by ``revoke(terminate=True)`` or lost (``WorkerLostError``) cannot
+release its lock: the worker's main process does it for it once the process is gone (the
+lock's holder names the task id and the process). A whole worker killed at once leaves the
+lock to expire after ``ttl``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import random
+import socket
+import string
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from celery import current_task, shared_task
+from celery.signals import task_failure, task_revoked
+
+from ..conf import MAX_IDENTITY_LENGTH, MAX_NAME_LENGTH, get_settings, validate_name
+from ..exceptions import BackendUnavailable, LeaseHeld
+from ..lease import _use_lease
+from ..locks import Lock, resolve_backend
+
+logger = logging.getLogger("django_leader.celery")
+
+F = TypeVar("F", bound=Callable[..., Any])
+Key = str | Callable[..., str] | None
+
+ON_LOCKED = ("skip", "retry", "raise")
+
+#: The attribute of the wrapped function that carries its :class:`Singleton` spec.
+SPEC_ATTRIBUTE = "_django_leader_singleton"
+
+
+class Singleton:
+    """How one task is made a singleton: its lock key, ttl and what to do when locked."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        key: Key,
+        ttl: float | None,
+        on_locked: str,
+        bind: bool,
+        retry_delay: float | None,
+    ) -> None:
+        if on_locked not in ON_LOCKED:
+            raise ValueError(f"on_locked must be one of {', '.join(ON_LOCKED)}, got {on_locked!r}")
+        if key is not None and not isinstance(key, str) and not callable(key):
+            raise TypeError(f"key must be a format string, a callable or None, got {key!r}")
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
+        ):
+            raise ValueError(f"ttl must be a number of seconds > 0, got {ttl!r}")
+        self.fun = fun
+        self.key = key
+        self.ttl = None if ttl is None else float(ttl)
+        self.on_locked = on_locked
+        self.bind = bind
+        self.retry_delay = retry_delay
+        signature = inspect.signature(fun)
+        parameters = list(signature.parameters.values())
+        if bind and parameters:
+            parameters = parameters[1:]  # the task instance
+        self.signature = signature.replace(parameters=parameters)
+        if isinstance(key, str):
+            self._check_key(key)
+
+    def _check_key(self, key: str) -> None:
+        """Fail at import time for a key that names no argument of the task."""
+        params = self.signature.parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for _, field, _, _ in string.Formatter().parse(key):
+            if field is None or field == "":
+                if field == "":
+                    raise ValueError(f"singleton_task key {key!r}: use {{0}} or {{name}}, not {{}}")
+                continue
+            head = field.split(".", 1)[0].split("[", 1)[0]
+            if head.isdigit() or head in params or takes_any:
+                continue
+            raise ValueError(
+                f"singleton_task key {key!r} names {head!r}, which is not an argument of "
+                f"{self.fun.__qualname__}{self.signature}"
+            )
+
+    # -- naming ---------------------------------------------------------------------------
+    def lock_name(
+        self, task_name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> str:
+        """The lease name for a call with these arguments (without the bound task)."""
+        if self.key is None:
+            name = task_name or f"{self.fun.__module__}.{self.fun.__qualname__}"
+        elif callable(self.key):
+            name = self.key(*args, **kwargs)
+            if not isinstance(name, str):
+                raise TypeError(f"singleton_task key callable returned {name!r}, not a str")
+        else:
+            name = self._format(self.key, args, kwargs)
+        if len(name) > MAX_NAME_LENGTH:
+            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+            name = f"{name[: MAX_NAME_LENGTH - 17]}#{digest}"
+        return validate_name(name)
+
+    def _format(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        named: dict[str, Any] = dict(kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            pass  # the call itself will fail; name the lock from what was given
+        else:
+            bound.apply_defaults()
+            for name, value in bound.arguments.items():
+                if self.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                    named.update(value)
+                else:
+                    named[name] = value
+        try:
+            return key.format(*args, **named)
+        except (KeyError, IndexError, AttributeError, ValueError) as exc:
+            raise ValueError(
+                f"singleton_task key {key!r} cannot be formatted with args={args!r} "
+                f"kwargs={kwargs!r}: {exc!r}"
+            ) from None
+
+    # -- running --------------------------------------------------------------------------
+    def wrap(self) -> Callable[..., Any]:
+        fun = self.fun
+
+        @functools.wraps(fun)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self.bind:
+                task, call_args = args[0], args[1:]
+            else:
+                task, call_args = current_task._get_current_object(), args
+            return self.call(task, args, call_args, kwargs)
+
+        # Celery checks the arguments of a call against this signature, not (*args, **kw).
+        run.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
+        setattr(run, SPEC_ATTRIBUTE, self)
+        return run
+
+    def call(
+        self,
+        task: Any,
+        args: tuple[Any, ...],
+        call_args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        name = self.lock_name(getattr(task, "name", None), call_args, kwargs)
+        request = getattr(task, "request", None)
+        task_id = getattr(request, "id", None)
+        lock = Lock(name, ttl=self.ttl, blocking=False, identity=task_identity(task_id))
+        try:
+            lease = lock.__enter__()
+        except LeaseHeld as exc:
+            return self.locked(task, task_id, exc)
+        try:
+            with _use_lease(lease):
+                return self.fun(*args, **kwargs)
+        finally:
+            lock.__exit__(None, None, None)
+
+    def locked(self, task: Any, task_id: str | None, exc: LeaseHeld) -> Any:
+        label = f"{getattr(task, 'name', self.fun.__qualname__)}[{task_id or '-'}]"
+        if self.on_locked == "skip":
+            logger.info("%s skipped: %s", label, exc)
+            return None
+        if self.on_locked == "raise" or task is None or task_id is None:
+            # (A retry needs a task request: not when the function is called directly.)
+            logger.info("%s not run: %s", label, exc)
+            raise exc
+        delay = self.retry_delay
+        if delay is None:
+            delay = get_settings().timing.retry_interval
+        # A little jitter, so that calls that met one lock do not all come back at once.
+        countdown = delay * random.uniform(1.0, 1.5)
+        logger.info("%s retried in %.2fs: %s", label, countdown, exc)
+        raise task.retry(exc=exc, countdown=countdown)
+
+
+def task_identity(task_id: str | None) -> str:
+    """The lock holder of a task execution: ``<task id>@<host>:<pid>`` (the pid lets the
+    worker's main process tell when the execution is over for good)."""
+    suffix = f"@{socket.gethostname()}:{os.getpid()}"
+    head = task_id or "call"
+    return head[: MAX_IDENTITY_LENGTH - len(suffix)] + suffix
+
+
+@overload
+def singleton_task(fun: F, /) -> Any: ...
+
+
+@overload
+def singleton_task(
+    *,
+    key: Key = None,
+    ttl: float | None = None,
+    on_locked: str = "skip",
+    **task_kwargs: Any,
+) -> Callable[[F], Any]: ...
+
+
+def singleton_task(
+    *task_args: Any,
+    key: Key = None,
+    ttl: float | None = None,
+    on_locked: str = "skip",
+    **task_kwargs: Any,
+) -> Any:
+    """A drop-in for ``celery.shared_task`` that runs at most one execution per lock key
+    at a time, across all workers.
+
+    ``key``: the lock name — a format string over the task's arguments
+    (``"report-{customer_id}"``, ``"sync-{0}"``; arguments passed by position can be named
+    too), a callable taking the task's arguments, or None (default: the task's name, one
+    execution of the task at a time). ``ttl``: the lock's lease time (default
+    ``LEASE_TTL``); the lock is renewed while the task runs, and a crashed worker's lock
+    expires after ``ttl``. ``on_locked`` — what a call that finds the lock held does:
+    ``"skip"`` (log, return None), ``"retry"`` (``self.retry()`` with a countdown of
+    ``default_retry_delay`` if given, else ``RETRY_INTERVAL``, plus jitter; ``max_retries``
+    applies) or ``"raise"`` (raise :class:`~django_leader.LeaseHeld`). Inside the task,
+    :func:`~django_leader.current_lease` is the lock's lease (``token``, ``lost``,
+    ``check()``, ``fenced()``). Every other keyword goes to ``shared_task``.
+    """
+    retry_delay = task_kwargs.get("default_retry_delay")
+
+    def create(fun: F) -> Any:
+        spec = Singleton(
+            fun,
+            key=key,
+            ttl=ttl,
+            on_locked=on_locked,
+            bind=bool(task_kwargs.get("bind", False)),
+            retry_delay=None if retry_delay is None else float(retry_delay),
+        )
+        return shared_task(**task_kwargs)(spec.wrap())
+
+    if len(task_args) == 1 and callable(task_args[0]) and not task_kwargs:
+        return create(task_args[0])
+    if task_args:
+        raise TypeError("singleton_task takes the task function or keyword arguments only")
+    return create
+
+
+def singleton_spec(task: Any) -> Singleton | None:
+    """The :class:`Singleton` spec of a task made by :func:`singleton_task`, else None."""
+    return getattr(getattr(task, "run", None), SPEC_ATTRIBUTE, None)
+
+
+# -- locks of executions that cannot release them themselves ------------------------------
+def _process_gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    else:
+        return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")  # zombie or dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def release_abandoned(task: Any, task_id: str, args: Any, kwargs: Any) -> threading.Thread | None:
+    """Release the lock of execution ``task_id`` of singleton ``task`` once its process is
+    gone (in a thread; returns it). The release is owner-checked: it frees the lock only if
+    that very execution still holds it."""
+    spec = singleton_spec(task)
+    if spec is None or not task_id:
+        return None
+    thread = threading.Thread(
+        target=_release_abandoned,
+        args=(spec, task.name, task_id, tuple(args or ()), dict(kwargs or {})),
+        name=f"leader-release:{task_id}",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+def _release_abandoned(
+    spec: Singleton, task_name: str, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    try:
+        name = spec.lock_name(task_name, args, kwargs)
+    except Exception:
+        return
+    # A thread of its own: the backend's connection is per thread, and the worker's main
+    # thread forks pool processes, which must not inherit it.
+    backend = resolve_backend(None)
+    try:
+        lease = backend.read(name)
+        if lease is None or not lease.holder.startswith(f"{task_id}@"):
+            return
+        try:
+            pid = int(lease.holder.rsplit(":", 1)[1])
+        except (IndexError, ValueError):
+            return
+        give_up = time.monotonic() + (spec.ttl or get_settings().timing.ttl)
+        while not _process_gone(pid):
+            if time.monotonic() >= give_up:
+                return  # still running (it ignored the signal): its lease is its own
+            time.sleep(0.02)
+        if backend.release(lease):
+            logger.info(
+                "released lock %r of %s[%s], whose process %s ended without releasing it",
+                name,
+                task_name,
+                task_id,
+                pid,
+            )
+    except BackendUnavailable as exc:
+        logger.warning("could not release lock %r of %s[%s]: %s", name, task_name, task_id, exc)
+    finally:
+        backend.close()
+
+
+def _on_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
+    if terminated and request is not None and singleton_spec(sender) is not None:
+        release_abandoned(sender, request.id, request.args, request.kwargs)
+
+
+def _on_failure(
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    from billiard.exceptions import WorkerLostError
+
+    if isinstance(exception, WorkerLostError) and task_id and singleton_spec(sender) is not None:
+        release_abandoned(sender, task_id, args, kwargs)
+
+
+task_revoked.connect(_on_revoked, weak=False, dispatch_uid="django_leader.singleton.revoked")
+task_failure.connect(_on_failure, weak=False, dispatch_uid="django_leader.singleton.failure")

@@ -1,0 +1,216 @@
+"""System checks (``manage.py check``): ``django_leader.E001``… and ``W001``…
+
+* E001 — ``DJANGO_LEADER`` breaks a rule (unknown key, bad value, RENEW_INTERVAL ≥ TTL/2…).
+* E002 — ``BACKEND`` cannot be imported or is not a Backend.
+* E003 — the lease database cannot be inspected (``manage.py check --database <alias>``).
+* W002 — the lease table is missing (run ``manage.py migrate django_leader``); a database
+  check, run by ``manage.py check --database <alias>``. A warning, not an error, so that it
+  never blocks ``migrate`` itself.
+* E004 — ``BACKEND`` is the cache backend but ``CACHE`` does not name a Redis cache
+  (django-redis or Django's RedisCache): no other cache gives an atomic compare-and-set
+  across processes.
+* W001 — the lease database is an in-memory SQLite database, which other connections
+  (and so other processes) cannot see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
+from django.utils.module_loading import import_string
+
+
+@register("django_leader")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .backends.base import Backend
+    from .conf import get_settings
+
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured as exc:
+        return [
+            Error(
+                str(exc),
+                hint="See the settings reference in the django-leader docs.",
+                id="django_leader.E001",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    try:
+        backend = import_string(conf.backend)
+    except ImportError as exc:
+        messages.append(
+            Error(
+                f"DJANGO_LEADER['BACKEND'] {conf.backend!r} cannot be imported: {exc}",
+                hint="Use 'django_leader.backends.db.DatabaseBackend' or "
+                "'django_leader.backends.cache.CacheBackend'.",
+                id="django_leader.E002",
+            )
+        )
+    else:
+        if not (isinstance(backend, type) and issubclass(backend, Backend)):
+            messages.append(
+                Error(
+                    f"DJANGO_LEADER['BACKEND'] {conf.backend!r} is not a "
+                    "django_leader.backends.base.Backend subclass",
+                    id="django_leader.E002",
+                )
+            )
+        else:
+            from .backends.cache import CacheBackend
+
+            if issubclass(backend, CacheBackend):
+                messages += _check_cache(conf.cache)
+    db = connections.settings.get(conf.database, {})
+    if db.get("ENGINE", "").endswith("sqlite3") and _in_memory(db.get("NAME")):
+        messages.append(
+            Warning(
+                f"DJANGO_LEADER['DATABASE'] {conf.database!r} is an in-memory SQLite database: "
+                "leases there are invisible to other processes.",
+                hint="Use a file-based SQLite database, PostgreSQL or MySQL/MariaDB.",
+                id="django_leader.W001",
+            )
+        )
+    return messages
+
+
+def _check_cache(alias: str) -> list[CheckMessage]:
+    from django.core.cache import caches
+    from django.core.cache.backends.base import InvalidCacheBackendError
+
+    from .backends.cache import redis_client
+
+    try:
+        redis_client(caches[alias])
+    except (ImproperlyConfigured, InvalidCacheBackendError) as exc:
+        return [
+            Error(
+                f"DJANGO_LEADER['CACHE'] {alias!r}: {exc}",
+                hint="Point CACHE at a cache using django_redis.cache.RedisCache or "
+                "django.core.cache.backends.redis.RedisCache, or use the database backend.",
+                id="django_leader.E004",
+            )
+        ]
+    return []
+
+
+def _in_memory(name: Any) -> bool:
+    text = str(name or "")
+    return text in ("", ":memory:") or "mode=memory" in text
+
+
+@register(Tags.database)
+def check_tables(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    from .conf import get_settings
+    from .models import Lease, LeaseEvent
+
+    try:
+        alias = get_settings().database
+    except ImproperlyConfigured:
+        return []  # reported by check_settings
+    if not databases or alias not in databases:
+        return []  # database checks run only when asked for (`check --database <alias>`)
+    try:
+        with connections[alias].cursor() as cursor:
+            tables = set(connections[alias].introspection.table_names(cursor))
+    except DatabaseError as exc:
+        return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
+    missing = [m._meta.db_table for m in (Lease, LeaseEvent) if m._meta.db_table not in tables]
+    if missing:
+        return [
+            Warning(
+                f"django_leader table(s) {', '.join(missing)} missing in database {alias!r}",
+                hint=f"Run `manage.py migrate django_leader --database {alias}`.",
+                id="django_leader.W002",
+            )
+        ]
+    return []
+
+
+# -- Celery beat ---------------------------------------------------------------------------
+# W010 — DJANGO_LEADER["BEAT_SCHEDULER"] cannot be imported, is not a Celery scheduler, or is
+#        LeaderScheduler itself (it must name the scheduler LeaderScheduler wraps).
+# W011 — it is django-celery-beat's scheduler but ``django_celery_beat`` is not installed.
+# W012 — beats use LeaderScheduler but BACKEND cannot fence the beat's slot records (only the
+#        database and cache backends can): a failover may send a slot again.
+# W013 — DJANGO_LEADER["BEAT_SCHEDULER"] is set but CELERY_BEAT_SCHEDULER names another
+#        scheduler: the beats do not elect a leader, every one of them sends.
+# Warnings, not errors: they concern beat processes only, and must not stop a web deploy.
+@register("django_leader")
+def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        import celery  # noqa: F401
+    except ImportError:
+        return []
+    from django.apps import apps
+    from django.conf import settings
+
+    from .conf import get_settings
+
+    try:
+        conf = get_settings()
+    except ImproperlyConfigured:
+        return []  # reported by check_settings
+    from .celery.beat import wrapped_scheduler_class
+
+    messages: list[CheckMessage] = []
+    try:
+        wrapped = wrapped_scheduler_class(conf.beat_scheduler)
+    except ImproperlyConfigured as exc:
+        messages.append(
+            Warning(
+                str(exc),
+                hint="Name the scheduler LeaderScheduler wraps, e.g. "
+                "'celery.beat:PersistentScheduler' or "
+                "'django_celery_beat.schedulers:DatabaseScheduler'.",
+                id="django_leader.W010",
+            )
+        )
+    else:
+        if wrapped.__module__.startswith("django_celery_beat") and not apps.is_installed(
+            "django_celery_beat"
+        ):
+            messages.append(
+                Warning(
+                    f"DJANGO_LEADER['BEAT_SCHEDULER'] is {conf.beat_scheduler!r} but "
+                    "'django_celery_beat' is not in INSTALLED_APPS: its tables are missing.",
+                    hint="Add 'django_celery_beat' to INSTALLED_APPS and run migrate.",
+                    id="django_leader.W011",
+                )
+            )
+    beat_scheduler = str(getattr(settings, "CELERY_BEAT_SCHEDULER", "") or "")
+    if "LeaderScheduler" in beat_scheduler:
+        from .backends.cache import CacheBackend
+        from .backends.db import DatabaseBackend
+
+        try:
+            backend = import_string(conf.backend)
+        except ImportError:
+            backend = None  # reported as E002
+        if isinstance(backend, type) and not issubclass(backend, (DatabaseBackend, CacheBackend)):
+            messages.append(
+                Warning(
+                    f"DJANGO_LEADER['BACKEND'] {conf.backend!r} cannot fence the beat's "
+                    "records of the slots it sent: they stay in each beat process, and a "
+                    "failover may send an entry's last slot again.",
+                    hint="Use the database backend or the cache (Redis) backend.",
+                    id="django_leader.W012",
+                )
+            )
+    elif beat_scheduler and "BEAT_SCHEDULER" in (getattr(settings, "DJANGO_LEADER", None) or {}):
+        messages.append(
+            Warning(
+                f"DJANGO_LEADER['BEAT_SCHEDULER'] is set but CELERY_BEAT_SCHEDULER is "
+                f"{beat_scheduler!r}: beats started with it do not elect a leader, and every "
+                "one of them sends the schedule.",
+                hint="Set CELERY_BEAT_SCHEDULER = 'django_leader.celery:LeaderScheduler' (or "
+                "start beat with -S django_leader.celery:LeaderScheduler).",
+                id="django_leader.W013",
+            )
+        )
+    return messages

@@ -1,0 +1,369 @@
+"""The campaign loop. It knows nothing about storage: it talks to a Backend."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import suppress
+from typing import Any
+
+from . import hooks, signals
+from .backends.base import Backend
+from .conf import default_identity, resolve_timing, validate_identity, validate_name
+from .exceptions import BackendUnavailable
+from .lease import Lease, _use_lease, clock
+from .locks import Renewer, StoreCaller, acquire_once, log_extra, resolve_backend
+
+logger = logging.getLogger("django_leader")
+
+Work = Callable[[Lease], Any]
+Callback = Callable[[Lease], Any]
+
+#: How often a leader waiting for its work to return after losing the lease says so.
+WORK_WAIT_WARNING = 10.0
+
+_running: weakref.WeakSet[Elector] = weakref.WeakSet()
+
+
+def running_electors(name: str | None = None) -> list[Elector]:
+    """The Electors campaigning in this process (for ``name`` only, if given)."""
+    return [e for e in list(_running) if name is None or e.name == name]
+
+
+class Elector:
+    """Campaigns for lease ``name``: while elected, ``work(lease)`` runs in a thread.
+
+    ``run(work)`` blocks until :meth:`stop`; ``start(work)`` does the same in a background
+    thread. Each election gives a new :class:`~django_leader.Lease` with a greater fencing
+    token. When leadership ends (lost, or ``stop()``), ``lease.lost`` is set and the
+    elector waits for ``work`` to return before it releases the lease and campaigns again.
+    If ``work`` returns while still elected, the elector stays leader; if it raises, the
+    elector releases the lease and campaigns again after ``retry_interval``.
+
+    Callbacks ``on_elected(lease)``, ``on_lost(lease)`` (leadership ended, for any reason)
+    and ``on_new_leader(lease)`` (a different holder was observed, this one included) can
+    be passed as keyword arguments or defined by a subclass; they run in the campaign
+    thread and must not block for long.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        renew_interval: float | None = None,
+        retry_interval: float | None = None,
+        identity: str | None = None,
+        backend: Backend | str | None = None,
+        on_elected: Callback | None = None,
+        on_lost: Callback | None = None,
+        on_new_leader: Callback | None = None,
+    ) -> None:
+        self.name = validate_name(name)
+        self.timing = resolve_timing(ttl, renew_interval, retry_interval)
+        self.identity = validate_identity(identity) if identity is not None else default_identity()
+        self.backend = resolve_backend(backend, self.timing)
+        for attr, callback in (
+            ("on_elected", on_elected),
+            ("on_lost", on_lost),
+            ("on_new_leader", on_new_leader),
+        ):
+            if callback is not None:
+                if not callable(callback):
+                    raise TypeError(f"{attr} must be callable")
+                setattr(self, attr, callback)
+        self._lease: Lease | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._elected = threading.Event()
+        self._release_on_stop = True
+        self._running = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
+        self._observed: tuple[str, int] | None = None
+        self._work_error: BaseException | None = None
+        self._resign_backoff: float | None = None
+        self._last_seen: Lease | None = None
+
+    def __repr__(self) -> str:
+        return f"<Elector {self.name!r} as {self.identity!r}>"
+
+    # -- callbacks (override or pass as keyword arguments) --------------------------------
+    def on_elected(self, lease: Lease) -> None:
+        """Called when this elector becomes leader."""
+
+    def on_lost(self, lease: Lease) -> None:
+        """Called when this elector's leadership ends (lost, or stopped)."""
+
+    def on_new_leader(self, lease: Lease) -> None:
+        """Called when a new holder of the lease is observed (this elector included)."""
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        """True while this elector holds the lease and its local deadline has not passed."""
+        lease = self._lease
+        return lease is not None and lease.held
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease this elector holds now, or None."""
+        lease = self._lease
+        return lease if lease is not None and lease.held else None
+
+    def leader(self) -> Lease | None:
+        """Who holds the lease now, read from the store (a snapshot), or None."""
+        return self.backend.read(self.name)
+
+    def wait_for_leadership(self, timeout: float | None = None) -> bool:
+        """Block until this elector leads (True) or ``timeout`` passes (False)."""
+        give_up = None if timeout is None else clock() + timeout
+        while True:
+            remaining = None if give_up is None else give_up - clock()
+            if remaining is not None and remaining <= 0:
+                return self.is_leader
+            if self._elected.wait(remaining) and self.is_leader:
+                return True
+            if self._elected.is_set():  # elected flag stale for a moment: poll briefly
+                time.sleep(0.01)
+
+    # -- running --------------------------------------------------------------------------
+    def start(self, work: Work | None = None) -> threading.Thread:
+        """Campaign in a background (daemon) thread; returns the thread."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"{self!r} is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(work,), name=f"leader-elector:{self.name}", daemon=True
+        )
+        self._thread.start()
+        return self._thread
+
+    def stop(self, release: bool = True, timeout: float | None = None) -> None:
+        """Stop campaigning. If leading: set ``lease.lost``, wait for the work to return, then
+        release the lease (``release=True``) so a follower takes over at once. Waits up to
+        ``timeout`` seconds for a thread started by :meth:`start` — unless called from the
+        work or a callback, which must return first (then it only asks, and returns).
+
+        From a signal handler, prefer setting a flag that your main thread turns into
+        ``stop()``: a handler that interrupts code holding the same lock can deadlock."""
+        self._release_on_stop = release
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and threading.current_thread() not in (thread, self._worker):
+            thread.join(timeout)
+
+    def resign(self, backoff: float | None = None) -> None:
+        """Step down now: set ``lease.lost``, wait for the work to return, release the lease,
+        then campaign again after ``backoff`` seconds (default ``retry_interval``). Callable
+        from the work itself (e.g. when what it supervises ended)."""
+        self._resign_backoff = self.timing.retry_interval if backoff is None else backoff
+        self._wake.set()
+
+    def run(self, work: Work | None = None) -> None:
+        """Campaign until :meth:`stop`; each time elected, run ``work(lease)`` in a thread."""
+        self._stop.clear()
+        self._run(work)
+
+    def _run(self, work: Work | None) -> None:
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError(f"{self!r} is already running")
+        caller = StoreCaller(self.backend, self.name)
+        _running.add(self)
+        try:
+            logger.info("%s campaigning for %r", self.identity, self.name)
+            while not self._stop.is_set():
+                lease = self._campaign(caller)
+                if lease is None:
+                    self._stop.wait(self.timing.retry_interval)
+                    continue
+                self._lead(lease, work, caller)
+                backoff, self._resign_backoff = self._resign_backoff, None
+                if not self._stop.is_set():
+                    self._stop.wait(self.timing.retry_interval if backoff is None else backoff)
+        finally:
+            _running.discard(self)
+            caller.close()
+            self._running.release()
+
+    def _campaign(self, caller: StoreCaller) -> Lease | None:
+        timing = self.timing
+        future = caller.submit(acquire_once, self.backend, self.name, self.identity, timing)
+        try:
+            acquired, current = future.result(timeout=timing.ttl - timing.safety_margin)
+        except FutureTimeout:
+            # Still in flight: should it succeed after all, hand the lease back at once
+            # rather than hold it, unrenewed, until it expires.
+            def late(done: Future[tuple[Lease | None, Lease | None]]) -> None:
+                if done.exception() is None:
+                    self._hand_back(done.result()[0], caller)
+
+            future.add_done_callback(late)
+            logger.warning("campaign for %r timed out", self.name)
+            return None
+        except BackendUnavailable as exc:
+            logger.warning("campaign for %r failed: %s", self.name, exc)
+            return None
+        except Exception:  # a bug or a foreign backend's error: log it, campaign on
+            logger.exception("campaign for %r failed", self.name)
+            return None
+        if acquired is not None:
+            self._measure_leaderless(acquired)
+        if current is not None:
+            self._observe(current)
+        if acquired is not None and not acquired.held:
+            # Answered after its own deadline: never act on it; hand it back.
+            self._hand_back(acquired, caller)
+            return None
+        return acquired
+
+    def _measure_leaderless(self, acquired: Lease) -> None:
+        """How long the name had no leader before this takeover, by the store's clock: from
+        the expiry of the previous holder's lease as last seen, to this acquisition."""
+        seen = self._last_seen
+        if (
+            seen is not None
+            and acquired.previous_holder
+            and seen.holder == acquired.previous_holder
+            and seen.expires_at is not None
+            and acquired.acquired_at is not None
+        ):
+            gap = (acquired.acquired_at - seen.expires_at).total_seconds()
+            hooks.notify("leaderless", self.name, max(0.0, gap))
+
+    def _hand_back(self, acquired: Lease | None, caller: StoreCaller) -> None:
+        """Release a lease this elector will not act on (it was answered too late)."""
+        if acquired is not None:
+            with suppress(RuntimeError):  # the caller may be closed by now
+                caller.submit(self.backend.release, acquired)
+
+    def _observe(self, lease: Lease) -> None:
+        self._last_seen = lease
+        key = (lease.holder, lease.token)
+        if key != self._observed:
+            self._observed = key
+            if lease.holder != self.identity:
+                logger.info(
+                    "%r is led by %s (token %s)",
+                    self.name,
+                    lease.holder,
+                    lease.token,
+                    extra=log_extra(lease),
+                )
+            self._callback(self.on_new_leader, lease)
+
+    def _lead(self, lease: Lease, work: Work | None, caller: StoreCaller) -> None:
+        self._work_error = None
+        self._resign_backoff = None
+        renewer = Renewer(self.backend, lease, self.timing, caller, on_lost=self._renewer_lost)
+        self._lease = lease
+        renewer.start()
+        logger.info(
+            "%s elected leader of %r (token %s)",
+            self.identity,
+            self.name,
+            lease.token,
+            extra=log_extra(lease),
+        )
+        self._elected.set()
+        self._callback(self.on_elected, lease)
+        signals.send(signals.leader_elected, self, lease=lease)
+
+        worker = None
+        if work is not None:
+            worker = self._worker = threading.Thread(
+                target=self._run_work,
+                args=(work, lease),
+                name=f"leader-work:{self.name}",
+                daemon=True,
+            )
+            worker.start()
+
+        while True:
+            self._wake.clear()
+            if (
+                not lease.held  # lost, or its deadline passed (whoever noticed first)
+                or self._stop.is_set()
+                or self._work_error is not None
+                or self._resign_backoff is not None
+            ):
+                break
+            # Woken by the renewer, stop(), resign() or the work; and at the deadline at
+            # the latest, should the renewer not be there to say so.
+            self._wake.wait(max(0.0, (lease.deadline or 0.0) - clock()))
+
+        self._elected.clear()
+        involuntary = lease.lost.is_set()
+        if not involuntary:
+            if self._stop.is_set():
+                reason = "elector stopped"
+            elif self._work_error is not None:
+                reason = f"work raised {self._work_error!r}"
+            else:
+                reason = "resigned"
+            lease._mark_lost(reason)
+        else:
+            signals.send(signals.leader_lost, self, lease=lease)
+        self._callback(self.on_lost, lease)
+
+        if worker is not None:
+            # The renewer keeps the lease alive while the work winds down after stop();
+            # after a real loss nobody can, so waiting is all there is to do.
+            while worker.is_alive():
+                worker.join(WORK_WAIT_WARNING)
+                if worker.is_alive():
+                    logger.warning(
+                        "work for %r ignores lease.lost and is still running",
+                        self.name,
+                        extra=log_extra(lease),
+                    )
+        renewer.stop()
+        self._lease = None
+        released = False
+        if not (self._stop.is_set() and not self._release_on_stop):
+            try:
+                released = caller.call(self.timing.call_timeout * 3, self.backend.release, lease)
+            except (BackendUnavailable, TimeoutError) as exc:
+                logger.warning(
+                    "could not release %r, it will expire: %s",
+                    self.name,
+                    exc,
+                    extra=log_extra(lease),
+                )
+        if not released and not involuntary:
+            # Leadership ended without a release (stop(release=False), or the release
+            # failed): listeners hear of the end all the same.
+            signals.send(signals.leader_lost, self, lease=lease)
+        if released:
+            logger.info(
+                "%s released %r (token %s)",
+                self.identity,
+                self.name,
+                lease.token,
+                extra=log_extra(lease),
+            )
+            signals.send(signals.lease_released, self, lease=lease)
+
+    def _renewer_lost(self, lease: Lease) -> None:
+        self._wake.set()
+
+    def _run_work(self, work: Work, lease: Lease) -> None:
+        try:
+            with _use_lease(lease):
+                work(lease)
+        except BaseException as exc:  # reported, then leadership is handed on
+            logger.exception("work for %r raised", self.name, extra=log_extra(lease))
+            self._work_error = exc
+            self._wake.set()
+
+    def _callback(self, callback: Callback, lease: Lease) -> None:
+        try:
+            callback(lease)
+        except Exception:
+            logger.exception("callback %r for %r raised", callback, self.name)

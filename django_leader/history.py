@@ -1,0 +1,115 @@
+"""Best-effort history for stores that are not the database (the cache backend).
+
+Events are queued and written to ``DJANGO_LEADER["DATABASE"]`` by a background thread, so
+a slow or unreachable database never blocks or breaks a lease operation. An event that
+cannot be written is dropped with a warning in the log: the lease itself stays correct,
+only its history has a gap. (The database backend writes history in the same transaction
+as the lease change instead.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import datetime
+
+from .lease import Lease
+
+logger = logging.getLogger("django_leader")
+
+#: Seconds spent at interpreter exit writing events still queued.
+EXIT_FLUSH_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    lease: Lease
+    at: datetime | None
+    detail: str = ""
+    actor: str = ""
+
+
+class HistoryWriter:
+    """A queue of history events and the daemon thread that writes them."""
+
+    def __init__(self, database: str, maxsize: int = 10_000) -> None:
+        self.database = database
+        self._queue: queue.Queue[Event] = queue.Queue(maxsize)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        _writers.add(self)
+
+    def record(
+        self, kind: str, lease: Lease, at: datetime | None, detail: str = "", actor: str = ""
+    ) -> None:
+        """Queue an event; never blocks, never raises."""
+        self._ensure_thread()
+        try:
+            self._queue.put_nowait(Event(kind, lease, at, detail, actor))
+        except queue.Full:
+            logger.warning(
+                "history queue full, dropping %s event of %r (history is best effort)",
+                kind,
+                lease.name,
+            )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued event was written (or dropped); False on timeout."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if give_up is not None and time.monotonic() >= give_up:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's thread is not here
+                self._pid, self._thread = os.getpid(), None
+                self._queue = queue.Queue(self._queue.maxsize)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="leader-history", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        from .backends.db import DatabaseBackend
+
+        store: DatabaseBackend | None = None
+        while True:
+            event = self._queue.get()
+            try:
+                if store is None:
+                    store = DatabaseBackend(self.database)
+                store.write_event(
+                    event.kind, event.lease, detail=event.detail, actor=event.actor, at=event.at
+                )
+            except Exception as exc:  # BackendUnavailable, or a bug: never the lease's problem
+                logger.warning(
+                    "could not write %s event of %r to database %r, dropped "
+                    "(history is best effort): %s",
+                    event.kind,
+                    event.lease.name,
+                    self.database,
+                    exc,
+                )
+            finally:
+                self._queue.task_done()
+
+
+_writers: weakref.WeakSet[HistoryWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for writer in list(_writers):
+        writer.flush(EXIT_FLUSH_TIMEOUT)

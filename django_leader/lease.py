@@ -1,0 +1,152 @@
+"""The :class:`Lease` value object exchanged between the stores and the election loop."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from .exceptions import LeadershipLost
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+#: Seconds on the clock every local deadline is measured with: ``CLOCK_BOOTTIME`` where
+#: there is one (Linux), which unlike ``CLOCK_MONOTONIC`` keeps counting while the machine
+#: or VM is suspended — as the store's clock, and so the lease's expiry, does. Elsewhere
+#: ``time.monotonic()``.
+clock = _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+
+
+@dataclass(eq=False)
+class Lease:
+    """Who holds ``name``, with which fencing ``token``, until when (times from the store's clock).
+
+    A lease read from the store (``Elector.leader()``) is a snapshot. A lease you hold
+    (given to ``Elector.run`` work, yielded by ``lock()``) is kept current by its renewer:
+    ``renewed_at``/``expires_at`` move on each renewal, ``lost`` is set the moment this
+    process stops believing it holds the lease.
+    """
+
+    name: str
+    holder: str
+    token: int
+    acquired_at: datetime | None
+    renewed_at: datetime | None
+    expires_at: datetime | None
+    transitions: int
+    #: Set once this process no longer holds the lease. Never set on a snapshot.
+    lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: Why the lease was lost ("renew refused", "deadline passed", "released", ...).
+    lost_reason: str = field(default="", repr=False)
+    #: ``django_leader.lease.clock()`` time after which this process must consider the lease
+    #: lost; ``None`` for a snapshot of someone else's lease.
+    deadline: float | None = field(default=None, repr=False)
+    previous_holder: str = field(default="", repr=False)
+    #: The store's clock when this snapshot was read (``Backend.read``), else None.
+    read_at: datetime | None = field(default=None, repr=False)
+    backend: Backend | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def held(self) -> bool:
+        """True while this process holds the lease: not lost, local deadline not passed.
+
+        Once False, never True again for this object: a deadline seen to pass marks the
+        lease lost, and a renewal cannot revive it.
+        """
+        if self.deadline is None or self.lost.is_set():
+            return False
+        if clock() >= self.deadline:
+            self._mark_lost("local deadline passed")
+            return False
+        return True
+
+    @property
+    def expires_in(self) -> float | None:
+        """Seconds until expiry by the store's clock, for a snapshot from ``read()``."""
+        if self.read_at is None or self.expires_at is None:
+            return None
+        return (self.expires_at - self.read_at).total_seconds()
+
+    def time_left(self) -> float:
+        """Seconds until the local deadline (0 when lost or not held)."""
+        if not self.held or self.deadline is None:
+            return 0.0
+        return max(0.0, self.deadline - clock())
+
+    def check(self) -> None:
+        """Raise :class:`LeadershipLost` unless this process still holds the lease."""
+        if not self.held:
+            reason = self.lost_reason or (
+                "not a held lease" if self.deadline is None else "local deadline passed"
+            )
+            raise LeadershipLost(f"lease {self.name!r} (token {self.token}) is lost: {reason}")
+
+    def fenced(self) -> AbstractContextManager[None]:
+        """A transaction whose writes commit only if this holder still holds this token.
+
+        See :meth:`django_leader.backends.base.Backend.fenced`.
+        """
+        if self.backend is None:
+            raise LeadershipLost(f"lease {self.name!r} is a snapshot, not a held lease")
+        return self.backend.fenced(self)
+
+    # -- internal -------------------------------------------------------------------------
+    def _mark_lost(self, reason: str) -> bool:
+        """Set ``lost`` once; return True if this call did it."""
+        with self._lock:
+            if self.lost.is_set():
+                return False
+            self.lost_reason = reason
+            self.lost.set()
+            return True
+
+    def _update(self, other: Lease, deadline: float) -> bool:
+        """Take a renewal's times and new deadline, unless the deadline has already passed
+        (then False: the lease must stay lost).
+
+        A lease marked lost on purpose (the holder is stopping: its work winds down) is
+        still renewed until it is released; ``held`` stays False all the same.
+        """
+        with self._lock:
+            if self.deadline is None or clock() >= self.deadline:
+                return False
+            self.renewed_at = other.renewed_at
+            self.expires_at = other.expires_at
+            self.deadline = deadline
+            return True
+
+
+_current: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
+    "django_leader_current_lease", default=None
+)
+
+
+def current_lease() -> Lease | None:
+    """The lease held by the running ``singleton_task`` or ``Elector.run`` work, else None."""
+    return _current.get()
+
+
+class _use_lease(AbstractContextManager[None]):
+    """Make ``lease`` the :func:`current_lease` for the duration of a block."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self._token: contextvars.Token[Lease | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _current.set(self.lease)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _current.reset(self._token)

@@ -1,0 +1,347 @@
+"""``manage.py runleader``: run a payload only while elected.
+
+    runleader NAME --call dotted.path         f(lease) in this process
+    runleader NAME -- CMD ARGS...             a child process, under a guard
+    runleader NAME --beat [beat options]      ``celery beat`` as the child process
+
+The payload starts only after the lease is held and is stopped when leadership ends; the
+lease is released only after the payload stopped. SIGTERM/SIGINT: stop the payload,
+release, exit 0; a second signal forces exit. Exit codes: 0 ok, 1 error (including a
+``--call`` callable that ignored ``lease.lost`` past ``--grace``), 2 usage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.module_loading import import_string
+
+from django_leader import supervisor
+from django_leader.conf import resolve_timing, validate_identity, validate_name
+from django_leader.elector import Elector
+from django_leader.lease import Lease, clock
+
+logger = logging.getLogger("django_leader")
+
+ON_EXIT = ("release", "restart", "exit")
+#: Longest back-off between restarts of a payload that keeps exiting (--on-exit=release).
+MAX_BACKOFF = 60.0
+#: A payload that ran this long is not crash-looping: its next back-off starts afresh.
+STABLE_RUN = 30.0
+
+
+def usage(message: str) -> CommandError:
+    return CommandError(message, returncode=2)
+
+
+class Command(BaseCommand):
+    help = (
+        "Campaign for lease NAME and run a payload only while elected: --call dotted.path, "
+        "-- CMD ARGS..., or --beat [celery beat options]."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", help="the lease to campaign for")
+        parser.add_argument("--call", metavar="DOTTED.PATH", help="run f(lease) while elected")
+        parser.add_argument(
+            "--beat",
+            action="store_true",
+            help="run `celery beat` while elected; options after --beat go to it",
+        )
+        parser.add_argument("--ttl", type=float)
+        parser.add_argument("--renew-interval", type=float)
+        parser.add_argument("--retry-interval", type=float)
+        parser.add_argument("--identity")
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=10.0,
+            help="seconds a stopped payload gets before it is killed (10)",
+        )
+        parser.add_argument(
+            "--on-exit",
+            choices=ON_EXIT,
+            default="release",
+            help="when the child exits on its own: release the lease and "
+            "campaign again after a back-off (default), restart it, "
+            "or exit with its status",
+        )
+        parser.add_argument("command", nargs="*", help="after --: the child command")
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # Everything after `--beat` belongs to celery beat, and everything after `--` is the
+        # child command: split them off before argparse sees options it does not know.
+        self._beat_options: list[str] = []
+        self._child: list[str] = []
+        if "--" in argv:
+            cut = argv.index("--")
+            argv, self._child = argv[:cut], argv[cut + 1 :]
+        if "--beat" in argv:
+            cut = argv.index("--beat")
+            argv, self._beat_options = argv[: cut + 1], argv[cut + 1 :]
+        super().run_from_argv(argv)
+
+    # -- validation -----------------------------------------------------------------------
+    def handle(self, *args: Any, **options: Any) -> None:
+        child = list(getattr(self, "_child", [])) or list(options.get("command") or [])
+        beat_options = list(getattr(self, "_beat_options", []))
+        payloads = [bool(options["call"]), bool(options["beat"]), bool(child)]
+        if sum(payloads) != 1:
+            raise usage(
+                "give exactly one payload: --call dotted.path, --beat [options], or -- CMD ARGS"
+            )
+        try:
+            name = validate_name(options["name"])
+            timing = resolve_timing(
+                options["ttl"], options["renew_interval"], options["retry_interval"]
+            )
+            identity = validate_identity(options["identity"]) if options["identity"] else None
+        except (TypeError, ValueError) as exc:
+            raise usage(str(exc)) from None
+        if options["grace"] < 0:
+            raise usage(f"--grace must be 0 or more, got {options['grace']}")
+        call: Callable[[Lease], Any] | None = None
+        if options["call"]:
+            try:
+                call = import_string(options["call"])
+            except ImportError as exc:
+                raise usage(f"cannot import --call {options['call']!r}: {exc}") from None
+            if not callable(call):
+                raise usage(f"--call {options['call']!r} is not callable")
+        if options["beat"]:
+            child = beat_command(beat_options)
+        self._configure_logging(options["verbosity"])
+
+        self.grace = float(options["grace"])
+        self.on_exit = options["on_exit"]
+        self.exit_code = 0
+        self.elector = Elector(
+            name,
+            ttl=timing.ttl,
+            renew_interval=timing.renew_interval,
+            retry_interval=timing.retry_interval,
+            identity=identity,
+        )
+        self.runner = PayloadRunner(self, call, child)
+        code = self._run()
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        package_logger = logging.getLogger("django_leader")
+        if not package_logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+            )
+            package_logger.addHandler(handler)
+        package_logger.setLevel(logging.WARNING if verbosity == 0 else logging.INFO)
+
+    # -- running --------------------------------------------------------------------------
+    def _run(self) -> int:
+        signals_seen = 0
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            nonlocal signals_seen
+            signals_seen += 1  # only a counter: the main loop below acts on it
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            thread = self.elector.start(self.runner.work)
+            stopping = False
+            while thread.is_alive():
+                thread.join(0.1)
+                if signals_seen >= 2:
+                    logger.error("second signal: forcing exit without waiting for the payload")
+                    self.runner.kill()
+                    os._exit(1)
+                if signals_seen == 1 and not stopping:
+                    stopping = True
+                    logger.info(
+                        "signal received: stopping the payload, then releasing %r",
+                        self.elector.name,
+                    )
+                    self.elector.stop(timeout=0)
+                overdue = self.runner.overdue()
+                if overdue is not None:
+                    logger.error(
+                        "--call %s ignored lease.lost for %.1fs (grace %.1fs): exiting without "
+                        "releasing the lease, which expires on its own",
+                        self.runner.call_name,
+                        overdue,
+                        self.grace,
+                    )
+                    return 1
+            return self.exit_code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def beat_command(options: list[str]) -> list[str]:
+    """``python -m celery [-A app] beat [options]`` from the options given after --beat."""
+    app: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(options):
+        option = options[i]
+        if option in ("-A", "--app") and i + 1 < len(options):
+            app += [option, options[i + 1]]
+            i += 2
+            continue
+        if option.startswith("--app="):
+            app.append(option)
+        else:
+            rest.append(option)
+        i += 1
+    return [sys.executable, "-m", "celery", *app, "beat", *rest]
+
+
+class PayloadRunner:
+    """The work given to the Elector: the callable, or the child under its guard."""
+
+    def __init__(
+        self, command: Command, call: Callable[[Lease], Any] | None, child: list[str]
+    ) -> None:
+        self.command = command
+        self.call = call
+        self.call_name = getattr(call, "__qualname__", repr(call))
+        self.child = child
+        self.guard: subprocess.Popen[bytes] | None = None
+        self._lost_at: float | None = None
+        self._running = threading.Event()
+        self._backoff = 0.0
+
+    # The work: runs in the Elector's work thread, once per election.
+    def work(self, lease: Lease) -> None:
+        self._lost_at = None
+        self._running.set()
+        try:
+            if self.call is not None:
+                threading.Thread(target=self._watch_lost, args=(lease,), daemon=True).start()
+                self.call(lease)
+            else:
+                self._supervise(lease)
+        finally:
+            self._running.clear()
+
+    def _watch_lost(self, lease: Lease) -> None:
+        lease.lost.wait()
+        self._lost_at = clock()
+
+    def overdue(self) -> float | None:
+        """Seconds past ``--grace`` that a callable ignores ``lease.lost``, else None."""
+        if self.call is None or self._lost_at is None or not self._running.is_set():
+            return None
+        late = clock() - self._lost_at
+        return late if late > self.command.grace else None
+
+    def _supervise(self, lease: Lease) -> None:
+        elector = self.command.elector
+        while True:
+            started = clock()
+            status, lost = self._run_child(lease)
+            if lost:
+                return
+            ran = clock() - started
+            self._backoff = (
+                0.0
+                if ran >= STABLE_RUN
+                else min(MAX_BACKOFF, max(elector.timing.retry_interval, self._backoff * 2))
+            )
+            on_exit = self.command.on_exit
+            if on_exit == "restart":
+                logger.info(
+                    "payload exited with %s; restarting it in %.1fs (--on-exit=restart)",
+                    status,
+                    self._backoff,
+                )
+                if lease.lost.wait(self._backoff):  # keeps the lease meanwhile
+                    return
+                continue
+            if on_exit == "exit":
+                logger.info(
+                    "payload exited with %s; releasing and exiting (--on-exit=exit)", status
+                )
+                self.command.exit_code = status
+                elector.stop(timeout=0)
+                return
+            logger.info(
+                "payload exited with %s; releasing the lease, campaigning again in %.1fs",
+                status,
+                self._backoff,
+            )
+            elector.resign(self._backoff)
+            return
+
+    def _run_child(self, lease: Lease) -> tuple[int, bool]:
+        """Start the child under a guard and wait for it; returns (status, lost)."""
+        env = {
+            **os.environ,
+            "DJANGO_LEADER_NAME": lease.name,
+            "DJANGO_LEADER_TOKEN": str(lease.token),
+            "DJANGO_LEADER_HOLDER": lease.holder,
+        }
+        guard = self.guard = subprocess.Popen(
+            # By path, not -m: the guard then imports nothing but the standard library.
+            [
+                sys.executable,
+                supervisor.__file__,
+                "--deadline",
+                f"{lease.time_left():.3f}",
+                "--grace",
+                str(self.command.grace),
+                "--",
+                *self.child,
+            ],
+            stdin=subprocess.PIPE,
+            env=env,
+        )
+        assert guard.stdin is not None
+        logger.info(
+            "payload started: %s (guard pid %s, token %s)",
+            " ".join(self.child),
+            guard.pid,
+            lease.token,
+        )
+        told = lease.deadline
+        asked_to_stop = False
+        while guard.poll() is None:
+            try:
+                if lease.lost.is_set() and not asked_to_stop:
+                    asked_to_stop = True
+                    guard.stdin.write(b"T\n")
+                    guard.stdin.flush()
+                # While the lease is renewed (also while a stopping payload winds down),
+                # the guard's deadline moves with it; after a loss it no longer does.
+                if lease.deadline != told:
+                    told = lease.deadline
+                    guard.stdin.write(f"D {lease.time_left():.3f}\n".encode())
+                    guard.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # the guard is exiting; poll() tells
+            lease.lost.wait(0.05)
+        status = guard.returncode
+        guard.stdin.close()
+        logger.info("payload stopped: guard pid %s exited with %s", guard.pid, status)
+        # `held`, not `lost`: the guard may have killed the payload at the deadline before
+        # the renewer thread noticed that it passed.
+        return status, not lease.held
+
+    def kill(self) -> None:
+        """Forced exit: close the guard's pipe; it stops the payload (SIGTERM, then SIGKILL
+        after the grace period or at the lease deadline, whichever is first)."""
+        guard = self.guard
+        if guard is not None and guard.stdin is not None:
+            with contextlib.suppress(OSError):
+                guard.stdin.close()

@@ -1,0 +1,82 @@
+"""Prometheus metrics (``pip install 'django-leader[prometheus]'``).
+
+Call :func:`install` once (the ``metrics/`` view of :mod:`django_leader.urls` does) to
+register, in prometheus-client's default registry:
+
+* ``django_leader_is_leader{name}`` — 1 while this process holds the lease (Elector or lock);
+* ``django_leader_transitions_total{name}`` — elections won by this process;
+* ``django_leader_renew_seconds{name}`` — histogram of successful renewal round-trips;
+* ``django_leader_renew_failures_total{name,reason}`` — renewals that failed (``error``)
+  or were refused (``refused``);
+* ``django_leader_leaderless_seconds{name}`` — histogram of how long the name had no
+  leader before this process took it over after an expiry (store clock).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from . import hooks, signals
+
+_installed = False
+_lock = threading.Lock()
+_metrics: dict[str, Any] = {}
+
+
+def install() -> None:
+    """Create the metrics and connect them; idempotent."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        from prometheus_client import Counter, Gauge, Histogram
+
+        _metrics["is_leader"] = Gauge(
+            "django_leader_is_leader", "1 while this process holds the lease", ["name"]
+        )
+        _metrics["transitions"] = Counter(
+            "django_leader_transitions", "Elections won by this process", ["name"]
+        )
+        _metrics["renew"] = Histogram(
+            "django_leader_renew_seconds",
+            "Successful renewal round-trips",
+            ["name"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        _metrics["failures"] = Counter(
+            "django_leader_renew_failures",
+            "Renewals that failed or were refused",
+            ["name", "reason"],
+        )
+        _metrics["leaderless"] = Histogram(
+            "django_leader_leaderless_seconds",
+            "Seconds without a leader before a takeover by this process",
+            ["name"],
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+        )
+        signals.leader_elected.connect(_elected, dispatch_uid="django_leader.metrics")
+        signals.leader_lost.connect(_ended, dispatch_uid="django_leader.metrics")
+        signals.lease_released.connect(_ended, dispatch_uid="django_leader.metrics")
+        hooks.add_observer(_observe)
+        _installed = True
+
+
+def _elected(sender: Any, lease: Any, **kwargs: Any) -> None:
+    _metrics["is_leader"].labels(lease.name).set(1)
+    _metrics["transitions"].labels(lease.name).inc()
+
+
+def _ended(sender: Any, lease: Any, **kwargs: Any) -> None:
+    _metrics["is_leader"].labels(lease.name).set(0)
+
+
+def _observe(event: str, name: str, value: float) -> None:
+    if event == "renew":
+        _metrics["renew"].labels(name).observe(value)
+    elif event == "renew_failed":
+        _metrics["failures"].labels(name, "error").inc()
+    elif event == "renew_refused":
+        _metrics["failures"].labels(name, "refused").inc()
+    elif event == "leaderless":
+        _metrics["leaderless"].labels(name).observe(value)

@@ -1,0 +1,104 @@
+"""Database tables: the current state of each lease, and its history."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .conf import MAX_IDENTITY_LENGTH, MAX_NAME_LENGTH
+
+
+class Lease(models.Model):
+    """The current state of one named lease (one row per name, updated in place).
+
+    Written only by :class:`~django_leader.backends.db.DatabaseBackend` with conditional
+    SQL; renewals update this row and never the history. ``holder`` is empty while the
+    lease is free (released, or never taken). Whether a held lease is still valid is
+    decided by comparing ``expires_at`` with the database server's clock.
+    """
+
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, primary_key=True)
+    holder = models.CharField(_("holder"), max_length=MAX_IDENTITY_LENGTH, blank=True, default="")
+    previous_holder = models.CharField(
+        _("previous holder"), max_length=MAX_IDENTITY_LENGTH, blank=True, default=""
+    )
+    token = models.BigIntegerField(_("fencing token"), default=0)
+    transitions = models.BigIntegerField(_("transitions"), default=0)
+    acquired_at = models.DateTimeField(_("acquired at"))
+    renewed_at = models.DateTimeField(_("renewed at"))
+    expires_at = models.DateTimeField(_("expires at"))
+
+    class Meta:
+        verbose_name = _("lease")
+        verbose_name_plural = _("leases")
+        ordering = ["name"]
+        permissions = [("release_lease", "Can force-release a lease")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LeaseEvent(models.Model):
+    """One change of a lease's holder: who, which token, when (server clock), why."""
+
+    class Kind(models.TextChoices):
+        ACQUIRED = "acquired", _("acquired")
+        TAKEN_OVER = "taken_over", _("taken over after expiry")
+        RELEASED = "released", _("released")
+        LOST = "lost", _("lost")
+        FORCED_RELEASE = "forced_release", _("force-released")
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH)
+    kind = models.CharField(_("kind"), max_length=20, choices=Kind.choices)
+    holder = models.CharField(_("holder"), max_length=MAX_IDENTITY_LENGTH, blank=True)
+    token = models.BigIntegerField(_("fencing token"))
+    previous_holder = models.CharField(
+        _("previous holder"), max_length=MAX_IDENTITY_LENGTH, blank=True, default=""
+    )
+    at = models.DateTimeField(_("at"), db_index=True)
+    detail = models.TextField(_("detail"), blank=True, default="")
+    actor = models.CharField(_("actor"), max_length=255, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("lease event")
+        verbose_name_plural = _("lease events")
+        ordering = ["-at", "-id"]
+        indexes = [
+            # The admin's history of one lease (WHERE name ORDER BY at DESC, id DESC LIMIT):
+            # with the id in the index the rows come in order, no sort of every event.
+            models.Index(fields=["name", "-at", "-id"], name="django_lead_name_at_id_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.kind} by {self.holder} (token {self.token})"
+
+
+class BeatSlot(models.Model):
+    """The last schedule slot the elected ``celery beat`` sent for one schedule entry.
+
+    Written by :class:`~django_leader.celery.LeaderScheduler` (database backend) inside
+    ``lease.fenced()`` *before* it sends the slot, so only the current holder of the beat's
+    lease can write it; a newly elected beat reads it to continue exactly where the previous
+    one stopped. ``sent`` turns true once the message was handed to the broker: a row left
+    at false means its sender stopped in between, and the slot may not have been sent.
+    """
+
+    lease = models.CharField(_("lease"), max_length=MAX_NAME_LENGTH)
+    entry = models.CharField(_("schedule entry"), max_length=200)
+    at = models.DateTimeField(_("slot"))
+    token = models.BigIntegerField(_("fencing token"))
+    holder = models.CharField(_("sent by"), max_length=MAX_IDENTITY_LENGTH)
+    task_id = models.CharField(_("task id"), max_length=255, blank=True, default="")
+    sent = models.BooleanField(_("sent"), default=False)
+
+    class Meta:
+        verbose_name = _("beat slot")
+        verbose_name_plural = _("beat slots")
+        ordering = ["lease", "entry"]
+        constraints = [
+            models.UniqueConstraint(fields=["lease", "entry"], name="django_leader_beatslot_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.lease}/{self.entry}: {self.at.isoformat()} (token {self.token})"

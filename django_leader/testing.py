@@ -1,0 +1,239 @@
+"""Helpers for testing your leader-only code: no cluster, no store, no waiting for a TTL.
+
+::
+
+    from django_leader.testing import override_leader
+
+    @override_leader("nightly-report")            # this process leads it
+    def test_report_runs_on_the_leader(): ...
+
+    @override_leader("nightly-report", leader=False)   # another instance leads it
+    def test_report_skipped_elsewhere(): ...
+
+While an override is active every :class:`~django_leader.Elector` and :func:`~django_leader.lock`
+of the process uses an in-memory :class:`MemoryBackend` (unless given a backend explicitly):
+a name this process should lead is free and taken at the first campaign; a name it should
+not lead is held by ``"another-instance"`` and never expires. With pytest, the
+:func:`leader_backend` fixture installs a fresh :class:`MemoryBackend` for one test
+(import it into your ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any, TypeVar
+
+from . import backends
+from .backends.base import Backend
+from .lease import Lease, clock
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The holder of a name pinned with ``leader=False``.
+OTHER_HOLDER = "another-instance"
+
+
+@dataclass
+class _Record:
+    holder: str
+    token: int
+    transitions: int
+    acquired_at: datetime
+    renewed_at: datetime
+    expires: float  # on lease.clock(); inf for a pinned name
+
+
+class MemoryBackend(Backend):
+    """An in-process lease store for tests: the lease contract, with this process's clock.
+
+    Not for production: other processes cannot see it.
+    """
+
+    history_database = None
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[str, _Record] = {}
+        self._tokens: dict[str, int] = {}
+        self.events: list[tuple[str, str, str, int]] = []  # (kind, name, holder, token)
+
+    def pin(self, name: str, holder: str = OTHER_HOLDER) -> None:
+        """Make ``holder`` hold ``name`` for ever (until :meth:`unpin` or a force release)."""
+        with self._lock:
+            self._grant(name, holder, float("inf"))
+
+    def unpin(self, name: str) -> None:
+        """Forget ``name`` (pinned or held): it is free at once."""
+        with self._lock:
+            self._leases.pop(name, None)
+
+    def _grant(self, name: str, holder: str, expires: float) -> Lease:
+        now = datetime.now(dt_timezone.utc)
+        token = self._tokens.get(name, 0) + 1
+        self._tokens[name] = token
+        previous = self._leases.get(name)
+        record = _Record(
+            holder, token, (previous.transitions if previous else 0) + 1, now, now, expires
+        )
+        self._leases[name] = record
+        self.events.append(("acquired", name, holder, token))
+        return self._lease(name, record)
+
+    def _lease(self, name: str, record: _Record) -> Lease:
+        left = record.expires - clock()
+        expires_at = (
+            None
+            if left == float("inf")
+            else (datetime.now(dt_timezone.utc) + timedelta(seconds=left))
+        )
+        return Lease(
+            name=name,
+            holder=record.holder,
+            token=record.token,
+            acquired_at=record.acquired_at,
+            renewed_at=record.renewed_at,
+            expires_at=expires_at,
+            transitions=record.transitions,
+            backend=self,
+            read_at=datetime.now(dt_timezone.utc),
+        )
+
+    def _current(self, name: str) -> _Record | None:
+        record = self._leases.get(name)
+        if record is None or not record.holder or record.expires <= clock():
+            return None
+        return record
+
+    def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
+        with self._lock:
+            record = self._leases.get(name)
+            if record is not None and record.expires > clock():
+                # Held, or force-released with its term still running.
+                current = self._current(name)
+                return None, None if current is None else self._lease(name, current)
+            lease = self._grant(name, holder, clock() + ttl)
+            return lease, lease
+
+    def renew(self, lease: Lease, ttl: float) -> Lease | None:
+        with self._lock:
+            current = self._current(lease.name)
+            if current is None or (current.holder, current.token) != (lease.holder, lease.token):
+                return None
+            current.expires = clock() + ttl
+            current.renewed_at = datetime.now(dt_timezone.utc)
+            return self._lease(lease.name, current)
+
+    def release(self, lease: Lease) -> bool:
+        with self._lock:
+            current = self._current(lease.name)
+            if current is None or (current.holder, current.token) != (lease.holder, lease.token):
+                return False
+            del self._leases[lease.name]
+            self.events.append(("released", lease.name, lease.holder, lease.token))
+            return True
+
+    def read(self, name: str) -> Lease | None:
+        with self._lock:
+            current = self._current(name)
+            if current is None:
+                return None
+            snapshot = self._lease(name, current)
+            snapshot.backend = None
+            return snapshot
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._leases)
+
+    def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
+        with self._lock:
+            current = self._current(name)
+            if current is None:
+                return None
+            released = self._lease(name, current)
+            current.holder = ""  # the term runs out as with the real stores
+            self.events.append(("forced_release", name, released.holder, released.token))
+            return released
+
+    def record(self, kind: str, lease: Lease, detail: str = "") -> None:
+        with self._lock:
+            self.events.append((kind, lease.name, lease.holder, lease.token))
+
+    @contextmanager
+    def fenced(self, lease: Lease) -> Iterator[None]:
+        """Checks the lease like the database backend does; writes are not transactional."""
+        from .exceptions import LeadershipLost
+
+        lease.check()
+        with self._lock:
+            current = self._current(lease.name)
+            if current is None or (current.holder, current.token) != (lease.holder, lease.token):
+                raise LeadershipLost(f"lease {lease.name!r} is no longer held")
+        yield
+
+
+class override_leader:  # lower case: used like a function, as override_settings
+    """Make this process the leader of ``name`` (``leader=True``) or not (``leader=False``).
+
+    A context manager and a decorator (also of async functions' sync wrappers and of
+    ``unittest.TestCase`` methods). Nested overrides share one :class:`MemoryBackend`;
+    ``backend`` gives the one to use.
+    """
+
+    def __init__(
+        self, name: str, *, leader: bool = True, backend: MemoryBackend | None = None
+    ) -> None:
+        self.name = name
+        self.leader = leader
+        self.backend = backend
+        self._previous: Backend | None = None
+
+    def __enter__(self) -> MemoryBackend:
+        self._previous = backends._override
+        store = self.backend or (
+            self._previous if isinstance(self._previous, MemoryBackend) else MemoryBackend()
+        )
+        if self.leader:
+            store.unpin(self.name)
+        else:
+            store.pin(self.name)
+        backends._override = store
+        self.backend = store
+        return store
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.backend is not None
+        self.backend.unpin(self.name)
+        backends._override = self._previous
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with override_leader(self.name, leader=self.leader, backend=self.backend):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - pytest is optional
+    pass
+else:
+
+    @pytest.fixture
+    def leader_backend() -> Iterator[MemoryBackend]:
+        """A fresh :class:`MemoryBackend` used by every Elector and lock() in the test."""
+        previous = backends._override
+        store = MemoryBackend()
+        backends._override = store
+        try:
+            yield store
+        finally:
+            backends._override = previous

@@ -1,0 +1,88 @@
+"""Health checks for probes and load balancers; they read, and never write to, the store.
+
+Include them with ``path("leader/", include("django_leader.urls"))``:
+
+* ``leader/health/<name>/`` — 200 if somebody holds ``name`` now (read from the store),
+  503 if nobody does or the store cannot be reached;
+* ``leader/health/<name>/here/`` — 200 if an :class:`~django_leader.Elector` of *this
+  process* leads ``name`` (by its local deadline), else 503: a readiness probe that routes
+  traffic only to the leader;
+* ``leader/metrics/`` — Prometheus metrics (needs ``django-leader[prometheus]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from .backends import get_backend
+from .conf import validate_name
+from .elector import running_electors
+from .exceptions import BackendUnavailable
+from .lease import Lease
+
+
+def _lease_json(name: str, lease: Lease | None, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "holder": lease.holder if lease else None,
+        "token": lease.token if lease else None,
+        "expires_at": lease.expires_at.isoformat() if lease and lease.expires_at else None,
+        **extra,
+    }
+
+
+def _bad_name(name: str) -> JsonResponse | None:
+    try:
+        validate_name(name)
+    except (TypeError, ValueError) as exc:
+        return JsonResponse({"name": name, "error": str(exc)}, status=400)
+    return None
+
+
+@never_cache
+@require_GET
+def has_leader(request: HttpRequest, name: str) -> HttpResponse:
+    """200 when ``name`` has a leader (by the store's clock), else 503."""
+    if (bad := _bad_name(name)) is not None:
+        return bad
+    try:
+        lease = get_backend().read(name)
+    except BackendUnavailable as exc:
+        return JsonResponse(_lease_json(name, None, error=str(exc)), status=503)
+    return JsonResponse(
+        _lease_json(name, lease, has_leader=lease is not None), status=200 if lease else 503
+    )
+
+
+@never_cache
+@require_GET
+def leads_here(request: HttpRequest, name: str) -> HttpResponse:
+    """200 when an Elector in this process leads ``name``, else 503. No store access."""
+    if (bad := _bad_name(name)) is not None:
+        return bad
+    lease = next((e.lease for e in running_electors(name) if e.lease is not None), None)
+    return JsonResponse(
+        _lease_json(name, lease, leads_here=lease is not None), status=200 if lease else 503
+    )
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition of django-leader's metrics (and the default registry)."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    except ImportError:
+        return HttpResponse(
+            "prometheus-client is not installed: pip install 'django-leader[prometheus]'\n",
+            status=501,
+            content_type="text/plain",
+        )
+    from . import metrics as leader_metrics
+
+    leader_metrics.install()
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

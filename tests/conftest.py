@@ -1,0 +1,158 @@
+"""Shared fixtures: one ``store`` fixture parametrized over every lease store.
+
+A store whose server is unreachable is skipped with the reason, unless
+``DJANGO_LEADER_REQUIRE_SERVICES=1`` (set by ``.ci/run``), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from testproject.services import UNAVAILABLE
+
+REQUIRE_SERVICES = os.environ.get("DJANGO_LEADER_REQUIRE_SERVICES") == "1"
+
+#: The mark for tests that use the stores: every database set up, committed for real (the
+#: backend's private connections commit), and only this project's tables flushed afterwards.
+stores_db = pytest.mark.django_db(
+    transaction=True,
+    databases="__all__",
+    available_apps=["django_leader", "testproject.demoapp"],
+)
+
+#: pytest id -> database alias of every database backend under test
+DATABASE_STORES = {"sqlite": "default", "postgresql": "postgresql", "mysql": "mysql"}
+
+
+#: pytest id -> cache alias of every Redis cache backend under test
+CACHE_STORES = {"redis": "redis", "django-redis": "django_redis"}
+
+
+def require(alias: str, kind: str = "database") -> None:
+    """Skip (or, in CI, fail) unless database (or cache) ``alias`` is configured."""
+    if alias in (settings.DATABASES if kind == "database" else settings.CACHES):
+        return
+    reason = UNAVAILABLE.get(alias, f"{alias}: not configured")
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service missing: {reason}")
+    pytest.skip(f"service unavailable: {reason}")
+
+
+def pytest_report_header(config: Any) -> list[str]:
+    stores = sorted(settings.DATABASES) + sorted(set(settings.CACHES) & set(CACHE_STORES.values()))
+    lines = [f"django_leader stores: {', '.join(stores)}"]
+    lines += [f"unavailable: {reason}" for reason in UNAVAILABLE.values()]
+    return lines
+
+
+@pytest.fixture(params=list(DATABASE_STORES))
+def db_alias(request: pytest.FixtureRequest) -> str:
+    """The alias of each database under test (the test DB is set up by the django_db mark)."""
+    alias = DATABASE_STORES[request.param]
+    require(alias)
+    return alias
+
+
+@pytest.fixture(params=[*DATABASE_STORES, *CACHE_STORES])
+def backend(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A backend of each store: every database, and Redis through both cache clients."""
+    yield from open_store(request.param)
+
+
+def open_store(store_id: str) -> Iterator[Any]:
+    """A backend of the store ``store_id`` (a key of DATABASE_STORES or CACHE_STORES),
+    skipped (or failed, in CI) when unavailable; its history flushed and closed after."""
+    from django_leader.backends.base import Backend
+
+    store: Backend
+    if store_id in DATABASE_STORES:
+        from django_leader.backends.db import DatabaseBackend
+
+        require(DATABASE_STORES[store_id])
+        store = DatabaseBackend(DATABASE_STORES[store_id])
+    else:
+        from django_leader.backends.cache import CacheBackend
+
+        require(CACHE_STORES[store_id], kind="cache")
+        store = CacheBackend(CACHE_STORES[store_id])
+    yield store
+    store.flush_history(10)
+    store.close()
+
+
+@pytest.fixture
+def db_backend(db_alias: str) -> Iterator[Any]:
+    """A database backend of each database (for what only a database can do: fenced())."""
+    from django_leader.backends.db import DatabaseBackend
+
+    store = DatabaseBackend(db_alias)
+    yield store
+    store.close()
+
+
+def history(backend: Any, name: str) -> list[tuple[str, str, str, int, str]]:
+    """``(kind, holder, previous_holder, token, actor)`` of each event of ``name``, oldest first."""
+    from django_leader.models import LeaseEvent
+
+    assert backend.flush_history(10), "history not written in time"
+    return list(
+        LeaseEvent.objects.using(backend.history_database)
+        .filter(name=name)
+        .order_by("at", "id")
+        .values_list("kind", "holder", "previous_holder", "token", "actor")
+    )
+
+
+def wipe(backend: Any, name: str) -> None:
+    """Make the store forget everything about ``name``, as a store restart without
+    persistence (Redis) or a hand-deleted row (database) would."""
+    from django.db import connections
+
+    from django_leader.backends.cache import CacheBackend
+
+    if isinstance(backend, CacheBackend):
+        backend.client.flushdb()
+    else:
+        with connections[backend.alias].cursor() as cursor:
+            cursor.execute("DELETE FROM django_leader_lease WHERE name = %s", [name])
+
+
+@pytest.fixture
+def lease_name() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(backend: Any, **extra: str) -> dict[str, str]:
+    """The environment for a process (``manage.py ...``) that must use this test run's
+    databases and the given backend (a DatabaseBackend or CacheBackend instance)."""
+    import json
+
+    from django.db import connections
+
+    from django_leader.backends.cache import CacheBackend
+
+    names = {alias: connections[alias].settings_dict["NAME"] for alias in settings.DATABASES}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_LEADER_TEST_DB_NAMES": json.dumps(names),
+        **extra,
+    }
+    if isinstance(backend, CacheBackend):
+        env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.cache.CacheBackend"
+        env["DJANGO_LEADER_CACHE"] = backend.alias
+    else:
+        env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.db.DatabaseBackend"
+        env["DJANGO_LEADER_DATABASE"] = backend.alias
+    return env

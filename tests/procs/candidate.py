@@ -1,0 +1,204 @@
+"""An :class:`~django_leader.Elector` candidate, reporting every transition it sees.
+
+Environment (besides :mod:`.common`'s, which pick the store: a database or Redis):
+``DL_MP_IDENTITY``, ``DL_MP_LEASE`` (the lease name), ``DL_MP_TTL``, ``DL_MP_RENEW``,
+``DL_MP_RETRY``.
+
+Events: ``ready``; ``elected``, ``lost``, ``new_leader`` (from the callbacks);
+``deadline`` (the work thread saw the local deadline move: a renewal succeeded);
+``state`` (``is_leader`` changed, sampled every 10 ms, or its first sample after the
+process was stopped, with ``gap``); replies to commands.
+
+Commands (stdin, JSON lines):
+
+``status``
+    reply ``status``: ``is_leader``, the held token, and who the store says leads.
+``write``
+    a ``FencedWrite`` row through ``lease.fenced()`` with the held lease; reply ``wrote``
+    (``outcome``: ``committed``, ``rejected: ...`` or, on a store that cannot fence
+    database writes, ``unsupported: NotSupportedError: ...``).
+``freeze``
+    right after the next successful renewal, report ``freezing`` and SIGSTOP this whole
+    process. Stopping just after a renewal means no store call is in flight, so the
+    process holds no row lock while it is stopped: the pause then only tests expiry.
+``probe``
+    with the (lost) lease of token ``token``: try a fenced write (``local_fence``), the
+    same with a copy that does not know it lost (``db_fence``: only the database can
+    refuse it), ``backend.renew`` and ``backend.release``; reply ``probe``.
+``flush``
+    wait until the history this process noticed is written (a cache store writes it
+    asynchronously); reply ``flushed`` (``ok``).
+SIGTERM
+    ``elector.stop()`` (which releases the lease), flush the history, report ``stopped``
+    (``history_flushed``), exit 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from tests.procs.common import (
+    commands,
+    db_alias,
+    emit,
+    lease_fields,
+    make_backend,
+    setup_django,
+    wall,
+)
+
+if TYPE_CHECKING:
+    from django_leader import Lease
+
+#: How often the work thread looks at its lease, and the monitor at ``is_leader``.
+WORK_POLL = 0.01
+#: A pause between two ``is_leader`` samples longer than this is reported (``state``, ``gap``).
+MONITOR_GAP = 0.5
+#: Seconds to wait for the history to be written.
+FLUSH_TIMEOUT = 10.0
+
+
+def main() -> None:
+    setup_django()
+    from django_leader import Elector, LeadershipLost, NotSupportedError
+    from testproject.demoapp.models import FencedWrite
+
+    identity = os.environ["DL_MP_IDENTITY"]
+    ttl = float(os.environ["DL_MP_TTL"])
+    backend = make_backend()
+    database = db_alias()
+    leases: dict[int, Lease] = {}
+    freeze = threading.Event()
+
+    def work(lease: Lease) -> None:
+        leases[lease.token] = lease
+        emit("work_started", token=lease.token)
+        seen = lease.deadline
+        while not lease.lost.wait(WORK_POLL):
+            if lease.deadline == seen:
+                continue
+            seen = lease.deadline
+            emit("deadline", **lease_fields(lease))
+            if freeze.is_set():
+                freeze.clear()
+                emit("freezing", **lease_fields(lease))
+                before = time.monotonic()
+                # Directed at this thread, SIGSTOP stops it (and with it the whole process)
+                # before the call returns; os.kill() could let it run on for a moment.
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+                # First thing after SIGCONT, while this thread still has the GIL (the call
+                # does not release it): the renewer has not run yet (lost_already says),
+                # so whatever is_leader says now comes from the local deadline alone.
+                lost = lease.lost.is_set()
+                leading, held = elector.is_leader, lease.held
+                emit("resumed", token=lease.token, is_leader=leading, held=held,
+                     lost_already=lost, stopped_for=time.monotonic() - before)
+        emit("work_done", token=lease.token, reason=lease.lost_reason)
+
+    def on_lost(lease: Lease) -> None:
+        assert lease.deadline is not None
+        emit("lost", token=lease.token, reason=lease.lost_reason,
+             deadline_wall=wall(lease.deadline))
+
+    elector = Elector(
+        os.environ["DL_MP_LEASE"],
+        ttl=ttl,
+        renew_interval=float(os.environ["DL_MP_RENEW"]),
+        retry_interval=float(os.environ["DL_MP_RETRY"]),
+        identity=identity,
+        backend=backend,
+        on_elected=lambda lease: emit("elected", **lease_fields(lease)),
+        on_lost=on_lost,
+        on_new_leader=lambda lease: emit("new_leader", holder=lease.holder, token=lease.token),
+    )
+
+    def monitor() -> None:
+        leading, sampled = False, time.monotonic()
+        while True:
+            now, previous = elector.is_leader, sampled
+            sampled = time.monotonic()
+            # A long gap between samples means this process was stopped: report what
+            # is_leader says the moment it runs again, changed or not.
+            gap = sampled - previous if sampled - previous > MONITOR_GAP else None
+            if now != leading or gap is not None:
+                leading = now
+                lease = elector.lease
+                emit("state", leader=now, gap=gap, token=None if lease is None else lease.token)
+            time.sleep(WORK_POLL)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        emit("sigterm", is_leader=elector.is_leader)
+        elector.stop()
+        # os._exit skips atexit: write the history (the release) now.
+        flushed = backend.flush_history(FLUSH_TIMEOUT)
+        emit("stopped", is_leader=elector.is_leader, history_flushed=flushed)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    threading.Thread(target=monitor, name="monitor", daemon=True).start()
+    elector.start(work)
+    emit("ready", identity=identity)
+
+    def fenced_write(lease: Lease, note: str) -> str:
+        try:
+            with lease.fenced():
+                FencedWrite.objects.using(database).create(
+                    writer=identity, token=lease.token, note=note
+                )
+        except LeadershipLost as exc:
+            return f"rejected: {exc}"
+        except NotSupportedError as exc:
+            return f"unsupported: {type(exc).__name__}: {exc}"
+        return "committed"
+
+    for command in commands():
+        cmd = command["cmd"]
+        if cmd == "status":
+            held = elector.lease
+            store = elector.leader()
+            emit("status", is_leader=elector.is_leader,
+                 token=None if held is None else held.token,
+                 store_holder=None if store is None else store.holder,
+                 store_token=None if store is None else store.token)
+        elif cmd == "write":
+            held = elector.lease
+            if held is None:
+                emit("wrote", token=None, outcome="not leader")
+            else:
+                emit("wrote", token=held.token, outcome=fenced_write(held, command["note"]))
+        elif cmd == "flush":
+            emit("flushed", ok=backend.flush_history(FLUSH_TIMEOUT))
+        elif cmd == "freeze":
+            freeze.set()
+            emit("freeze_armed")
+        elif cmd == "probe":
+            old = leases[command["token"]]
+            # A copy that has not noticed anything: not lost, deadline far ahead. Its
+            # fenced() passes the local check, so only the database can refuse it.
+            unaware = dataclasses.replace(
+                old, lost=threading.Event(), lost_reason="", deadline=time.monotonic() + 60
+            )
+            emit(
+                "probe",
+                token=old.token,
+                is_leader=elector.is_leader,
+                held=old.held,
+                lost=old.lost.is_set(),
+                lost_reason=old.lost_reason,
+                local_fence=fenced_write(old, "probe-local"),
+                db_fence=fenced_write(unaware, "probe-db"),
+                renewed=backend.renew(old, ttl) is not None,
+                released=backend.release(old),
+            )
+        else:
+            emit("error", error=f"unknown command {command!r}")
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

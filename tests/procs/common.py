@@ -1,0 +1,139 @@
+"""Bootstrap and I/O shared by the child processes.
+
+The parent passes in the environment:
+
+``DL_MP_STORE``
+    ``database`` (leases in a database, :class:`DatabaseBackend`) or ``cache`` (leases in
+    Redis through a Django cache, :class:`CacheBackend`);
+``DL_MP_ALIAS``
+    the alias of that store: a database alias (``default``, ``postgresql``, ``mysql``) or a
+    cache alias (``redis``, ``django_redis``);
+``DL_MP_DB_ALIAS``
+    the database the child writes rows to: the store itself for a database store, the
+    history database (``DJANGO_LEADER["DATABASE"]``) for a cache store; fenced writes go
+    there too;
+``DL_MP_DB_NAME``
+    the ``NAME`` of the test database pytest-django created for that alias (for SQLite, the
+    file's path), so that the child works on the very database the test reads;
+``DJANGO_LEADER_TEST_DB_NAMES``
+    the same for every database alias (applied by the settings), so that no child ever
+    touches a database that is not this run's test database.
+
+Every event is one JSON object per stdout line: ``{"ev": kind, "t": time.time(),
+"mono": time.monotonic(), "pid": ..., ...}``. Wall-clock stamps are comparable between
+processes of this machine, and with the server times of a local database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django_leader import Lease
+    from django_leader.backends.base import Backend
+
+# Re-entrant: a signal handler may emit while the main thread is inside emit().
+_out = threading.RLock()
+
+
+def setup_django() -> str:
+    """Point Django at the parent's test databases and set it up; return the store's alias
+    (a database alias or, for ``DL_MP_STORE=cache``, a cache alias)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+    from django.conf import settings
+
+    kind = store_kind()
+    alias = os.environ["DL_MP_ALIAS"]
+    configured = settings.DATABASES if kind == "database" else settings.CACHES
+    if alias not in configured:
+        emit("fatal", error=f"{kind} alias {alias!r} is not configured in this process")
+        os._exit(3)
+    database = db_alias()
+    if database not in settings.DATABASES:
+        emit("fatal", error=f"database alias {database!r} is not configured in this process")
+        os._exit(3)
+    # The alias exists here as in the parent; only its NAME differs: pytest-django gave the
+    # parent a test database, and this process must use the same one.
+    settings.DATABASES[database]["NAME"] = os.environ["DL_MP_DB_NAME"]
+    django.setup()
+    return alias
+
+
+def store_kind() -> str:
+    """``database`` or ``cache``: where this child's leases live."""
+    kind = os.environ.get("DL_MP_STORE", "database")
+    if kind not in ("database", "cache"):
+        emit("fatal", error=f"unknown DL_MP_STORE {kind!r}")
+        os._exit(3)
+    return kind
+
+
+def db_alias() -> str:
+    """The database this child writes rows to (fenced writes; history of a cache store)."""
+    return os.environ.get("DL_MP_DB_ALIAS", os.environ["DL_MP_ALIAS"])
+
+
+def make_backend() -> Backend:
+    """The backend of the store under test (after :func:`setup_django`)."""
+    alias = os.environ["DL_MP_ALIAS"]
+    if store_kind() == "cache":
+        from django_leader.backends.cache import CacheBackend
+
+        backend: Backend = CacheBackend(alias)
+        # Its history goes to the database whose test NAME this process was given.
+        if backend.history_database != db_alias():
+            emit("fatal", error=f"history goes to {backend.history_database!r}, "
+                                f"not to DL_MP_DB_ALIAS {db_alias()!r}")
+            os._exit(3)
+        return backend
+    from django_leader.backends.db import DatabaseBackend
+
+    return DatabaseBackend(alias)
+
+
+def emit(ev: str, **fields: Any) -> None:
+    """Report one event to the parent."""
+    record = {"ev": ev, "t": time.time(), "mono": time.monotonic(), "pid": os.getpid(), **fields}
+    line = json.dumps(record, default=str)
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def wall(monotonic_instant: float) -> float:
+    """The ``time.time()`` that corresponds to a ``time.monotonic()`` instant."""
+    return time.time() + (monotonic_instant - time.monotonic())
+
+
+def epoch(value: Any) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def lease_fields(lease: Lease) -> dict[str, Any]:
+    """What the parent needs to know about a lease: server times as epoch seconds, and the
+    local deadline (monotonic) converted to wall-clock time."""
+    return {
+        "name": lease.name,
+        "holder": lease.holder,
+        "token": lease.token,
+        "previous_holder": lease.previous_holder,
+        "acquired_at": epoch(lease.acquired_at),
+        "renewed_at": epoch(lease.renewed_at),
+        "expires_at": epoch(lease.expires_at),
+        "deadline_wall": None if lease.deadline is None else wall(lease.deadline),
+    }
+
+
+def commands() -> Iterator[dict[str, Any]]:
+    """The parent's commands, one JSON object per stdin line, until stdin closes."""
+    for line in sys.stdin:
+        line = line.strip()
+        if line:
+            yield json.loads(line)

@@ -1,0 +1,31 @@
+"""Callables for ``runleader --call`` in the tests. Each writes what it does to the file
+named by ``DJANGO_LEADER_TEST_OUT``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from django_leader import Lease
+
+
+def _note(line: str) -> None:
+    with open(os.environ["DJANGO_LEADER_TEST_OUT"], "a") as out:
+        out.write(f"{os.getpid()} {line} {time.time():.3f}\n")
+
+
+def obedient(lease: Lease) -> None:
+    """Works until the lease is lost, then returns."""
+    _note(f"start {lease.token}")
+    lease.lost.wait()
+    _note(f"stop {lease.token}")
+
+
+def stubborn(lease: Lease) -> None:
+    """Ignores ``lease.lost``."""
+    _note(f"start {lease.token}")
+    while True:
+        time.sleep(0.1)
+
+
+not_callable = 42

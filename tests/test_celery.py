@@ -1,0 +1,598 @@
+"""``django_leader.celery`` in one process: ``singleton_task`` run eagerly (``task.apply()``),
+the beat's fenced slot records, and ``LeaderScheduler`` driven tick by tick, on every store.
+
+The same behaviour with real ``celery worker`` and ``celery beat`` processes is in
+``tests/test_celery_processes.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("celery")
+
+from celery import Celery
+from celery.beat import PersistentScheduler, Scheduler, Service
+from django.core.exceptions import ImproperlyConfigured
+
+from django_leader import LeadershipLost, LeaseHeld, current_lease
+from django_leader.backends.cache import CacheBackend
+from django_leader.celery import LeaderScheduler, singleton_task
+from django_leader.celery.beat import wrapped_scheduler_class
+from django_leader.celery.state import Slot, entry_key, slot_store
+from django_leader.celery.tasks import release_abandoned, singleton_spec, task_identity
+from django_leader.locks import resolve_backend
+from testproject.celery import app as project_app  # noqa: F401
+from tests.conftest import stores_db
+
+pytestmark = [stores_db]
+
+
+@pytest.fixture
+def store(backend: Any, settings: Any) -> Iterator[Any]:
+    """Make ``backend``'s store the one of the settings (singleton_task and the beat use
+    the settings' backend)."""
+    conf = dict(settings.DJANGO_LEADER)
+    if isinstance(backend, CacheBackend):
+        conf.update(BACKEND="django_leader.backends.cache.CacheBackend", CACHE=backend.alias)
+    else:
+        conf.update(BACKEND="django_leader.backends.db.DatabaseBackend", DATABASE=backend.alias)
+    settings.DJANGO_LEADER = conf
+    yield backend
+    # singleton_task's locks use the settings' backend from this thread: close its
+    # connection, or the test database cannot be dropped at the end of the session.
+    resolve_backend(None).close()
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+# -- tasks run eagerly --------------------------------------------------------------------
+@singleton_task(key="unit-{name}", ttl=2)
+def whoami(name: str) -> dict[str, Any]:
+    lease = current_lease()
+    assert lease is not None
+    return {"name": lease.name, "token": lease.token, "holder": lease.holder,
+            "held": lease.held}
+
+
+@singleton_task(key="unit-{name}", on_locked="raise")
+def raises_when_locked(name: str) -> str:
+    return "ran"
+
+
+@singleton_task(key="unit-{name}", on_locked="retry", max_retries=2, default_retry_delay=0)
+def retries_when_locked(name: str) -> str:
+    return "ran"
+
+
+@singleton_task(key="unit-{name}")
+def fails(name: str) -> None:
+    raise RuntimeError("boom")
+
+
+@singleton_task(key="unit-{name}", bind=True, max_retries=3)
+def retries_itself(self: Any, name: str, tokens: list[int] | None = None) -> list[int]:
+    lease = current_lease()
+    assert lease is not None
+    tokens = [*(tokens or []), lease.token]
+    if self.request.retries < 2:
+        raise self.retry(kwargs={"name": name, "tokens": tokens}, countdown=0)
+    return tokens
+
+
+@singleton_task(key="unit-{name}", ttl=1.2)
+def loses_its_lease(name: str, intruder: str) -> dict[str, Any]:
+    """Has its lock force-released and taken by ``intruder`` mid-task."""
+    lease = current_lease()
+    assert lease is not None
+    backend = resolve_backend(None)
+    backend.force_release(lease.name)
+    noticed = lease.lost.wait(10)  # the next renewal is refused
+    give_up = time.monotonic() + 10
+    while backend.acquire(lease.name, intruder, 30)[0] is None:  # once the term has ended
+        assert time.monotonic() < give_up
+        time.sleep(0.05)
+    try:
+        lease.check()
+    except LeadershipLost as exc:
+        raised = str(exc)
+    else:
+        raised = ""
+    return {"noticed": noticed, "raised": raised, "held": lease.held}
+
+
+@singleton_task(key=lambda account, **kwargs: f"unit-callable-{account}-{kwargs.get('part', 0)}")
+def callable_key(account: int, part: int = 0) -> str | None:
+    lease = current_lease()
+    return lease.name if lease else None
+
+
+@singleton_task
+def bare(x: int) -> str | None:
+    lease = current_lease()
+    return lease.name if lease else None
+
+
+def hold(backend: Any, name: str, holder: str = "someone-else") -> Any:
+    lease, _ = backend.acquire(name, holder, 30)
+    assert lease is not None
+    return lease
+
+
+def test_current_lease_inside_the_task_and_released_after(store: Any) -> None:
+    name = tag()
+    result = whoami.apply(kwargs={"name": name})
+    assert result.successful(), result.traceback
+    seen = result.get()
+    assert seen["name"] == f"unit-{name}"
+    assert seen["held"] is True
+    assert seen["holder"].startswith(f"{result.id}@")  # the execution's own identity
+    assert store.read(f"unit-{name}") is None  # released
+    assert current_lease() is None
+    # A second run gets a new lease with a greater token.
+    again = whoami.apply(args=(name,)).get()
+    assert again["token"] > seen["token"]
+
+
+def test_skip_returns_none_and_leaves_the_holder_alone(store: Any) -> None:
+    name = tag()
+    held = hold(store, f"unit-{name}")
+    result = whoami.apply(args=(name,))
+    assert result.successful() and result.get() is None
+    current = store.read(f"unit-{name}")
+    assert current is not None and (current.holder, current.token) == (held.holder, held.token)
+
+
+def test_raise_raises_lease_held(store: Any) -> None:
+    name = tag()
+    hold(store, f"unit-{name}")
+    result = raises_when_locked.apply(args=(name,))
+    assert result.failed()
+    assert isinstance(result.result, LeaseHeld)
+    assert "someone-else" in str(result.result)
+
+
+def test_retry_retries_then_gives_up_with_lease_held(store: Any) -> None:
+    name = tag()
+    hold(store, f"unit-{name}")
+    result = retries_when_locked.apply(args=(name,))
+    # Eagerly, Celery runs the retries at once; after max_retries the LeaseHeld is raised.
+    assert result.failed()
+    assert isinstance(result.result, LeaseHeld)
+
+
+def test_retry_runs_once_the_lock_is_free(store: Any) -> None:
+    name = tag()
+    held = hold(store, f"unit-{name}")
+    releaser = threading.Timer(0.0, store.release, args=(held,))
+    attempts: list[int] = []
+    original = retries_when_locked.retry
+
+    def retry(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(kwargs["countdown"])
+        releaser.start()  # free the lock before the (eager) retry runs
+        releaser.join()
+        return original(*args, **kwargs)
+
+    retries_when_locked.retry = retry  # type: ignore[method-assign]
+    try:
+        result = retries_when_locked.apply(args=(name,))
+    finally:
+        del retries_when_locked.retry
+    assert result.successful() and result.get() == "ran"
+    assert len(attempts) == 1
+    assert 0 <= attempts[0] <= 0.0  # default_retry_delay=0 (jitter is a factor)
+
+
+def test_called_directly(store: Any) -> None:
+    name = tag()
+    assert whoami(name)["holder"].startswith("call@")  # no task id: still locked
+    assert store.read(f"unit-{name}") is None
+    hold(store, f"unit-{name}")
+    assert whoami(name) is None  # skip
+    with pytest.raises(LeaseHeld):
+        retries_when_locked(name)  # no request to retry
+
+
+def test_released_when_the_task_fails(store: Any) -> None:
+    name = tag()
+    result = fails.apply(args=(name,))
+    assert result.failed() and isinstance(result.result, RuntimeError)
+    assert store.read(f"unit-{name}") is None
+
+
+def test_released_before_each_retry(store: Any) -> None:
+    name = tag()
+    result = retries_itself.apply(kwargs={"name": name})
+    assert result.successful(), result.traceback
+    tokens = result.get()
+    # Three executions, each acquired the lock anew: the first two released it when they
+    # raised Retry (or the retry would have been skipped as locked).
+    assert len(tokens) == 3 and tokens == sorted(set(tokens))
+    assert store.read(f"unit-{name}") is None
+
+
+def test_lost_lease_is_visible_and_release_is_owner_checked(store: Any) -> None:
+    name = tag()
+    intruder = f"intruder-{name}"
+    result = loses_its_lease.apply(args=(name, intruder))
+    assert result.successful(), result.traceback
+    seen = result.get()
+    assert seen["noticed"] is True and seen["held"] is False
+    assert "is lost" in seen["raised"]
+    # The task's late release did not free the intruder's lock.
+    current = store.read(f"unit-{name}")
+    assert current is not None and current.holder == intruder
+
+
+def test_key_callable_and_bare_decorator(store: Any) -> None:
+    assert callable_key.apply(args=(7,), kwargs={"part": 2}).get() == "unit-callable-7-2"
+    assert bare.apply(args=(1,)).get() == bare.name
+    assert store.read(bare.name) is None
+
+
+def test_celery_still_checks_the_arguments() -> None:
+    with pytest.raises(TypeError):
+        whoami.apply_async(args=("a", "b", "c"))
+
+
+# -- key formatting (no store) -------------------------------------------------------------
+def test_key_formatting() -> None:
+    def report(customer_id: int, kind: str = "daily", *rest: Any, **options: Any) -> None: ...
+
+    def spec(key: Any, fun: Any = report, bind: bool = False) -> Any:
+        from django_leader.celery.tasks import Singleton
+
+        return Singleton(fun, key=key, ttl=None, on_locked="skip", bind=bind, retry_delay=None)
+
+    assert spec("r-{customer_id}-{kind}").lock_name("t", (42,), {}) == "r-42-daily"
+    assert spec("r-{customer_id}-{kind}").lock_name("t", (), {"customer_id": 1, "kind": "x"}) == (
+        "r-1-x"
+    )
+    assert spec("r-{0}").lock_name("t", (5, "weekly"), {}) == "r-5"
+    assert spec("r-{region}").lock_name("t", (5,), {"region": "eu"}) == "r-eu"  # via **options
+    assert spec(None).lock_name("proj.tasks.report", (1,), {}) == "proj.tasks.report"
+    long_name = spec("{customer_id}").lock_name("t", ("x" * 500,), {})
+    assert len(long_name) == 200 and "#" in long_name
+    with pytest.raises(ValueError, match="not an argument"):
+        spec("r-{nope}", fun=lambda a: None)
+    with pytest.raises(ValueError, match="not"):
+        spec("r-{}")
+    with pytest.raises(ValueError, match="cannot be formatted"):
+        spec("r-{1}").lock_name("t", (1,), {})
+    with pytest.raises(ValueError, match="on_locked"):
+        singleton_task(on_locked="wait")(report)
+    with pytest.raises(ValueError, match="ttl"):
+        singleton_task(ttl=0)(report)
+
+    def bound(self: Any, account: int) -> None: ...
+
+    assert spec("a-{account}", fun=bound, bind=True).lock_name("t", (3,), {}) == "a-3"
+
+
+def test_task_identity_names_the_execution() -> None:
+    identity = task_identity("abc")
+    host_pid = identity.split("@", 1)[1]
+    assert identity.startswith("abc@") and host_pid.endswith(f":{__import__('os').getpid()}")
+    assert len(task_identity("x" * 400)) <= 255
+
+
+def test_release_abandoned_frees_only_a_dead_executions_lock(store: Any) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = tag()
+    task_id = str(uuid.uuid4())
+    task = whoami
+    assert singleton_spec(task) is not None
+    holder = f"{task_id}@somehost:{dead.pid}"
+    store.acquire(f"unit-{name}", holder, 30)
+    # Another execution's id: not released.
+    thread = release_abandoned(task, str(uuid.uuid4()), (name,), {})
+    assert thread is not None
+    thread.join(10)
+    assert store.read(f"unit-{name}") is not None
+    thread = release_abandoned(task, task_id, (name,), {})
+    assert thread is not None
+    thread.join(10)
+    assert store.read(f"unit-{name}") is None
+
+
+# -- the slot records -----------------------------------------------------------------------
+def test_slot_records_are_fenced_by_the_lease(store: Any) -> None:
+    from django_leader.conf import resolve_timing
+    from django_leader.locks import acquire_once
+
+    name = f"beat-{tag()}"
+    slots = slot_store(store)
+    timing = resolve_timing(30)
+    old, _ = acquire_once(store, name, "old-leader", timing)
+    assert old is not None
+    at = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
+    first = Slot("every-second", at, old.token, old.holder, "task-1")
+    slots.claim(old, first)
+    assert slots.confirm(old, first)
+    loaded = slots.load(old)
+    assert loaded["every-second"].at == at
+    assert loaded["every-second"].sent is True and loaded["every-second"].token == old.token
+
+    # The lease changes hands while the old holder still believes it holds it.
+    assert store.release(old)
+    new, _ = acquire_once(store, name, "new-leader", timing)
+    assert new is not None and new.token > old.token
+    assert old.held  # its local deadline has not passed: only the store can refuse it
+    with pytest.raises(LeadershipLost):
+        slots.claim(old, Slot("every-second", at + timedelta(seconds=1), old.token, old.holder,
+                              "task-2"))
+    assert slots.load(new)["every-second"].task_id == "task-1"
+
+    second = Slot("every-second", at + timedelta(seconds=1), new.token, new.holder, "task-3")
+    slots.claim(new, second)
+    assert not slots.confirm(old, first)  # no longer the record
+    assert slots.load(new)["every-second"] == second  # not confirmed yet: sent=False
+
+
+def test_entry_key_shortens_long_names() -> None:
+    assert entry_key("short") == "short"
+    long_key = entry_key("e" * 300)
+    assert len(long_key) == 200 and long_key != entry_key("e" * 299 + "f")
+
+
+# -- LeaderScheduler, in process --------------------------------------------------------------
+def beat_app(entry: str, every: float = 1.0) -> Celery:
+    app = Celery("unit-beat", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        beat_schedule={entry: {"task": "unit.noop", "schedule": every}},
+        beat_leader_lease=f"beat-{tag()}",
+        timezone="UTC",
+    )
+    return app
+
+
+@pytest.fixture
+def beats(store: Any, settings: Any, tmp_path: Path) -> Any:
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER, "LEASE_TTL": 30.0,
+                              "RENEW_INTERVAL": 10.0, "RETRY_INTERVAL": 0.1}
+    made: list[LeaderScheduler] = []
+
+    def make(app: Celery, label: str) -> LeaderScheduler:
+        scheduler = LeaderScheduler(app, schedule_filename=str(tmp_path / label))
+        made.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in made:
+        scheduler.close()
+
+
+class Sent:
+    """Collects what the wrapped scheduler hands to Celery's apply_async."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
+    collected = Sent()
+
+    def apply_async(inner: Any, entry: Any, producer: Any = None, **kwargs: Any) -> Any:
+        collected.messages.append(entry)
+        return "sent"
+
+    monkeypatch.setattr(PersistentScheduler, "apply_async", apply_async)
+    return collected
+
+
+def lead(scheduler: LeaderScheduler) -> Any:
+    assert scheduler.elector is not None
+    assert scheduler.elector.wait_for_leadership(10), "not elected"
+    scheduler.tick()  # builds the wrapped scheduler
+    assert scheduler._inner is not None
+    return scheduler._inner
+
+
+def test_a_lazy_scheduler_does_not_campaign(store: Any, tmp_path: Path) -> None:
+    app = beat_app("e")
+    lease_name = app.conf.beat_leader_lease
+    service = Service(app, scheduler_cls=LeaderScheduler, schedule_filename=str(tmp_path / "s"))
+    banner = service.get_scheduler(lazy=True)
+    assert banner.elector is None
+    assert lease_name in banner.info and "PersistentScheduler" in banner.info
+    time.sleep(0.2)
+    assert store.read(lease_name) is None
+
+
+def test_wrapped_scheduler_class_is_validated(settings: Any) -> None:
+    assert wrapped_scheduler_class() is PersistentScheduler
+    assert wrapped_scheduler_class("celery.beat.Scheduler") is Scheduler
+    with pytest.raises(ImproperlyConfigured, match="cannot be imported"):
+        wrapped_scheduler_class("nowhere:Nothing")
+    with pytest.raises(ImproperlyConfigured, match=r"not a celery\.beat\.Scheduler"):
+        wrapped_scheduler_class("django_leader.Elector")
+    with pytest.raises(ImproperlyConfigured, match="is a LeaderScheduler"):
+        wrapped_scheduler_class("django_leader.celery:LeaderScheduler")
+
+
+def test_leader_sends_with_slot_headers_and_records_the_slot(
+    beats: Any, sent: Sent, store: Any
+) -> None:
+    app = beat_app("every-second")
+    scheduler = beats(app, "a")
+    inner = lead(scheduler)
+    entry = inner.schedule["every-second"]
+    entry.last_run_at = app.now() - timedelta(seconds=5)
+    inner.populate_heap()
+    scheduler.tick()
+    assert len(sent.messages) == 1
+    message = sent.messages[0]
+    headers = message.options["headers"]
+    lease = scheduler.elector.lease  # type: ignore[union-attr]
+    assert headers["django_leader_token"] == lease.token
+    assert headers["django_leader_holder"] == lease.holder
+    assert headers["django_leader_entry"] == "every-second"
+    assert message.options["task_id"]
+    record = slot_store(store).load(lease)["every-second"]
+    assert record.at.isoformat() == headers["django_leader_slot"]
+    assert record.sent is True and record.task_id == message.options["task_id"]
+
+
+def test_a_new_leader_continues_from_the_recorded_slots(
+    beats: Any, sent: Sent, store: Any
+) -> None:
+    app = beat_app("every-minute", every=60.0)
+    first = beats(app, "a")
+    inner = lead(first)
+    inner.schedule["every-minute"].last_run_at = app.now() - timedelta(minutes=5)
+    inner.populate_heap()
+    first.tick()
+    assert len(sent.messages) == 1
+    recorded = sent.messages[0].options["headers"]["django_leader_slot"]
+    first.close()  # hands over
+
+    second = beats(app, "b")  # its own (empty) schedule file
+    inner = lead(second)
+    adopted = inner.schedule["every-minute"].last_run_at
+    assert adopted.isoformat() == datetime.fromisoformat(recorded).astimezone(
+        adopted.tzinfo).isoformat()
+    second.tick()
+    assert len(sent.messages) == 1  # the slot was sent already: not again
+
+
+def test_a_deposed_leader_that_does_not_know_it_sends_nothing(
+    beats: Any, sent: Sent, store: Any
+) -> None:
+    app = beat_app("every-second")
+    scheduler = beats(app, "a")
+    inner = lead(scheduler)
+    elector = scheduler.elector
+    assert elector is not None and elector.lease is not None
+    # A copy of its lease that still believes it is held (as after a pause that the
+    # renewer has not caught up with), while the store gives the lease to another beat.
+    ghost = dataclasses.replace(elector.lease, lost=threading.Event(),
+                                deadline=time.monotonic() + 100)
+    inner._dl_lease = ghost
+    elector.stop(release=True)
+    taken, _ = store.acquire(ghost.name, "the-next-leader", 30)
+    assert taken is not None and ghost.held
+    entry = inner.schedule["every-second"]
+    entry.last_run_at = app.now() - timedelta(seconds=5)
+    assert inner.apply_async(entry) is None
+    assert sent.messages == []  # the fenced record was refused, so nothing was sent
+    assert "every-second" not in slot_store(store).load(taken)
+
+
+def test_a_follower_builds_nothing_and_waits_in_tick(beats: Any, sent: Sent, store: Any) -> None:
+    app = beat_app("every-second")
+    lease_name = app.conf.beat_leader_lease
+    store.acquire(lease_name, "another-beat", 30)
+    scheduler = beats(app, "a")
+    started = time.monotonic()
+    assert scheduler.tick() == 0.0
+    assert 0.05 <= time.monotonic() - started < 5
+    assert scheduler._inner is None and not scheduler.is_leader
+    assert not (Path(scheduler._inner_kwargs["schedule_filename"])).exists()
+    assert scheduler.schedule == {}
+    assert sent.messages == []
+
+
+def test_losing_the_lease_stops_sending_and_the_beat_campaigns_again(
+    beats: Any, sent: Sent, store: Any
+) -> None:
+    app = beat_app("every-second")
+    scheduler = beats(app, "a")
+    lead(scheduler)
+    elector = scheduler.elector
+    assert elector is not None
+    first = elector.lease
+    assert first is not None
+    first._mark_lost("test: lost")  # as the renewer does when a renewal is refused
+    elector._wake.set()
+    scheduler.tick()
+    assert scheduler._inner is None or scheduler._inner._dl_lease is not first
+    # It campaigns again and, the lease being free once released, leads with a new token.
+    assert elector.wait_for_leadership(10)
+    scheduler.tick()
+    assert scheduler._inner is not None
+    assert scheduler._inner._dl_lease.token > first.token
+
+
+def test_close_releases_the_lease(beats: Any, store: Any) -> None:
+    app = beat_app("every-second")
+    scheduler = beats(app, "a")
+    lead(scheduler)
+    lease_name = app.conf.beat_leader_lease
+    assert store.read(lease_name) is not None
+    scheduler.close()
+    assert store.read(lease_name) is None
+    scheduler.close()  # idempotent
+
+
+# -- system checks ---------------------------------------------------------------------------
+class UnfencedBackend(CacheBackend.__mro__[1]):  # type: ignore[misc]  # a Backend, not db/cache
+    pass
+
+
+def beat_checks() -> list[str]:
+    from django_leader.checks import check_celery_beat
+
+    return [message.id for message in check_celery_beat()]  # type: ignore[misc]
+
+
+def test_checks_of_the_beat_configuration(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.apps import apps
+
+    installed = {"django_celery_beat": True}
+    is_installed = apps.is_installed
+    # (The stores_db mark limits the available apps to django_leader's own.)
+    monkeypatch.setattr(apps, "is_installed", lambda name: installed.get(name, is_installed(name)))
+    assert beat_checks() == []  # the test project's configuration
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER, "BEAT_SCHEDULER": "nowhere:Nothing"}
+    assert beat_checks() == ["django_leader.W010"]
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER,
+                              "BEAT_SCHEDULER": "django_leader.celery:LeaderScheduler"}
+    assert beat_checks() == ["django_leader.W010"]
+
+    pytest.importorskip("django_celery_beat")
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER,
+                              "BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}
+    installed["django_celery_beat"] = False
+    assert beat_checks() == ["django_leader.W011"]
+    installed["django_celery_beat"] = True
+    assert beat_checks() == []
+
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER,
+                              "BACKEND": "tests.test_celery.UnfencedBackend"}
+    assert beat_checks() == ["django_leader.W012"]
+    settings.CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
+    assert beat_checks() == ["django_leader.W013"]
+
+
+def test_close_called_mid_tick_finishes_after_the_tick(beats: Any, sent: Sent, store: Any) -> None:
+    """Beat's SIGTERM handler calls close() wherever the main thread is; in the middle of a
+    tick it only stops sending, and the close() beat makes after unwinding releases."""
+    app = beat_app("every-second")
+    scheduler = beats(app, "a")
+    inner = lead(scheduler)
+    lease_name = app.conf.beat_leader_lease
+    scheduler._busy = True  # as if interrupted inside tick()
+    scheduler.close()
+    assert store.read(lease_name) is not None  # nothing torn down under the tick's feet
+    entry = inner.schedule["every-second"]
+    entry.last_run_at = app.now() - timedelta(seconds=5)
+    assert inner.apply_async(entry) is None and sent.messages == []  # but nothing is sent
+    scheduler._busy = False
+    scheduler.close()
+    assert store.read(lease_name) is None

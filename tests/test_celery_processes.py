@@ -1,0 +1,485 @@
+"""Acceptance of the Celery integration with real processes: ``celery -A testproject worker``
+and ``celery -A testproject beat``, Redis as the broker (DB ``CELERY_BROKER_URL`` of the test
+project, default 10, a queue of its own per worker), leases in Redis or PostgreSQL.
+
+The tasks (``testproject/demoapp/tasks.py``) record what they run in a file; the beat's
+``record_slot`` records the slot, fencing token and holder that LeaderScheduler put in its
+message headers, so "no slot sent twice" and "one sender at a time" are read off the record.
+
+Timings: lease TTL 3 s, renew 1 s, retry 0.5 s, a 1-second periodic task; 20 slots (20 s)
+of steady state are observed before the SIGKILL, a shorter stretch between the two
+handovers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+pytest.importorskip("celery")
+
+from django.conf import settings
+from django.db import connections
+
+from testproject.celery import app as project_app  # noqa: F401  (the current app)
+from tests.celeryprocs import STARTUP, CeleryProcess, Processes
+from tests.conftest import REQUIRE_SERVICES, require, stores_db
+
+pytestmark = [pytest.mark.multiprocess, stores_db]
+
+TTL = 3.0
+RENEW = 1.0
+RETRY = 0.5
+#: The periodic task's interval.
+EVERY = 1.0
+#: SPEC rule 5 plus 1 s for the new leader to get going on a loaded machine.
+TAKEOVER_BOUND = TTL + RETRY + 1.0
+#: A released lease is taken within one retry; 1 s for the rest.
+HANDOVER_BOUND = RETRY + 1.0
+#: Slots observed before the first failover.
+STEADY_SLOTS = 20
+#: Longest gap between two slots of one leader that is not a lost slot: generous, for a
+#: loaded machine (the interval is 1 s).
+STEADY_GAP = 2.5
+#: Slot times are stamped with microseconds; a repeated slot would be < 1 s after the last.
+SLOT_EPSILON = 0.005
+
+TIMING_ENV = {
+    "DJANGO_LEADER_TTL": str(TTL),
+    "DJANGO_LEADER_RENEW": str(RENEW),
+    "DJANGO_LEADER_RETRY": str(RETRY),
+}
+STORES = {
+    "redis": {
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.cache.CacheBackend",
+        "DJANGO_LEADER_CACHE": "redis",
+    },
+    "postgresql": {
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+        "DJANGO_LEADER_DATABASE": "postgresql",
+    },
+}
+
+
+def _broker_problem() -> str | None:
+    url = urlparse(settings.CELERY_BROKER_URL)
+    try:
+        with socket.create_connection((url.hostname or "127.0.0.1", url.port or 6379), 0.5):
+            return None
+    except OSError as exc:
+        return f"Redis broker {settings.CELERY_BROKER_URL} unreachable ({exc})"
+
+
+def require_broker() -> None:
+    problem = _broker_problem()
+    if problem is None:
+        return
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service missing: {problem}")
+    pytest.skip(f"service unavailable: {problem}")
+
+
+def require_store(name: str) -> None:
+    if name == "redis":
+        require("redis", kind="cache")
+    else:
+        require(name)
+
+
+def store_backend(name: str) -> Any:
+    """The parent's own view of a store."""
+    if name == "redis":
+        from django_leader.backends.cache import CacheBackend
+
+        return CacheBackend("redis")
+    from django_leader.backends.db import DatabaseBackend
+
+    return DatabaseBackend(name)
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+class Workers:
+    """Workers started on first use, one per lease store, for the whole module."""
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+        self.started: dict[str, tuple[CeleryProcess, str]] = {}
+
+    def get(self, store: str) -> tuple[CeleryProcess, str]:
+        """(worker, queue) with singleton locks in ``store``."""
+        require_store(store)
+        if store not in self.started:
+            queue = f"dl-test-{store}-{tag()}"
+            worker = self.procs.worker(f"worker-{store}", queue, concurrency=4,
+                                       **STORES[store], **TIMING_ENV)
+            self.started[store] = (worker, queue)
+        worker, queue = self.started[store]
+        assert worker.alive, self.procs.describe([worker])
+        return worker, queue
+
+
+@pytest.fixture(scope="module")
+def procs(
+    tmp_path_factory: pytest.TempPathFactory, django_db_setup: Any, django_db_blocker: Any
+) -> Iterator[Processes]:
+    require_broker()
+    names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in settings.DATABASES}
+    group = Processes(
+        tmp_path_factory.mktemp("celery"),
+        {**os.environ, "DJANGO_LEADER_TEST_DB_NAMES": json.dumps(names)},
+    )
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+@pytest.fixture(scope="module")
+def workers(procs: Processes) -> Workers:
+    return Workers(procs)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def first_to_log(processes: list[CeleryProcess], pattern: str, timeout: float, what: str
+                 ) -> CeleryProcess:
+    import re
+
+    regex = re.compile(pattern, re.MULTILINE)
+    give_up = time.monotonic() + timeout
+    while True:
+        for process in processes:
+            if regex.search(process.log()):
+                return process
+        for process in processes:
+            assert process.alive, f"{process.label} exited:\n{process.tail()}"
+        assert time.monotonic() < give_up, f"no {what} within {timeout:.0f}s:\n" + "\n".join(
+            f"--- {p.label}:\n{p.tail()}" for p in processes
+        )
+        time.sleep(0.05)
+
+
+def identity_of(beat: CeleryProcess, lease: str) -> str:
+    return beat.wait_log(rf"(\S+) campaigning for '{lease}'", STARTUP, "campaigning").group(1)
+
+
+def wait_lease(store: Any, name: str, holder: str, timeout: float) -> Any:
+    give_up = time.monotonic() + timeout
+    while True:
+        lease = store.read(name)
+        if lease is not None and lease.holder == holder:
+            return lease
+        assert time.monotonic() < give_up, f"{holder} does not hold {name!r}: {lease}"
+        time.sleep(0.02)
+
+
+def slot_time(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["django_leader_slot"]).timestamp()
+
+
+# -- 1, 2. two beats, a SIGKILL and a SIGTERM ----------------------------------------------------
+def failover(
+    procs: Processes, workers: Workers, scheduler: str, store_name: str
+) -> dict[str, Any]:
+    """Beats A and B; SIGKILL the sender; start C; SIGTERM the new sender. Checks the
+    handovers as they happen, returns what the record shows."""
+    _, queue = workers.get("redis")  # runs record_slot; its locks are not used
+    require_store(store_name)
+    store = store_backend(store_name)
+    run = tag()
+    lease, entry = f"beat-{run}", f"slot-{run}"
+    env = {
+        "DJANGO_LEADER_CELERY_BEAT_EVERY": str(EVERY),
+        "DJANGO_LEADER_CELERY_BEAT_ENTRY": entry,
+        "DJANGO_LEADER_CELERY_BEAT_LEASE": lease,
+        "DJANGO_LEADER_CELERY_QUEUE": queue,
+        "DJANGO_LEADER_BEAT_SCHEDULER": scheduler,
+        **STORES[store_name],
+        **TIMING_ENV,
+    }
+    sends = rf"Sending due task {entry}\b"
+    leads = rf"sends the schedule of '{lease}'"
+
+    def slots(predicate: Callable[[dict[str, Any]], bool] = lambda event: True) -> list[dict]:
+        return [
+            event for event in procs.records()
+            if event["ev"] == "slot" and event.get("django_leader_entry") == entry
+            and predicate(event)
+        ]
+
+    def wait_slots(holder: str, count: int, timeout: float) -> list[dict]:
+        return procs.wait_records(
+            lambda event: event["ev"] == "slot" and event.get("django_leader_entry") == entry
+            and event["django_leader_holder"] == holder,
+            count, timeout, f"slots of {entry} sent by {holder}",
+        )
+
+    try:
+        a = procs.beat(f"beat-a-{run}", **env)
+        b = procs.beat(f"beat-b-{run}", **env)
+        ids = {a.label: identity_of(a, lease), b.label: identity_of(b, lease)}
+
+        # Exactly one of them sends.
+        first = first_to_log([a, b], leads, STARTUP, "leader")
+        second = b if first is a else a
+        wait_slots(ids[first.label], STEADY_SLOTS, STEADY_SLOTS * EVERY + 30)
+        second.wait_log(rf"stands by: '{lease}' is led by {ids[first.label]}", 10, "standing by")
+        assert second.count(sends) == 0 and second.count(leads) == 0, second.tail()
+        if scheduler.endswith("PersistentScheduler"):
+            # A follower never even opens the schedule file it would write to.
+            assert not list(procs.directory.glob(f"{second.label}-schedule*"))
+        assert {event["django_leader_holder"] for event in slots()} == {ids[first.label]}
+
+        # SIGKILL the sender: the other one takes over within TTL + RETRY_INTERVAL (+1 s).
+        killed_at = first.kill()
+        second.wait_log(leads, TAKEOVER_BOUND + 10, "taking over")
+        taken = wait_lease(store, lease, ids[second.label], 5)
+        takeover = taken.acquired_at.timestamp() - killed_at
+        assert takeover <= TAKEOVER_BOUND, takeover
+        after_kill = wait_slots(ids[second.label], 1, 10)
+        assert slot_time(min(after_kill, key=slot_time)) - killed_at <= TAKEOVER_BOUND
+
+        # A third beat joins as a follower; SIGTERM the sender: a handover at once.
+        c = procs.beat(f"beat-c-{run}", **env)
+        ids[c.label] = identity_of(c, lease)
+        c.wait_log(rf"stands by: '{lease}' is led by {ids[second.label]}", STARTUP, "standing by")
+        wait_slots(ids[second.label], 3, 15)
+        termed_at = second.terminate()
+        c.wait_log(leads, HANDOVER_BOUND + 10, "taking over")
+        handed = wait_lease(store, lease, ids[c.label], 5)
+        handover = handed.acquired_at.timestamp() - termed_at
+        assert handover <= HANDOVER_BOUND, handover
+        assert second.proc.wait(timeout=20) == 0, second.tail()
+        assert "released" in second.log()
+        wait_slots(ids[c.label], 3, 15)
+        c.stop()
+    finally:
+        for process in list(procs.processes):
+            if process.label.endswith(run):
+                process.stop()
+        store.close()
+
+    record = sorted(slots(), key=slot_time)
+    return {
+        "record": record,
+        "ids": ids,
+        "order": [ids[first.label], ids[second.label], ids[c.label]],
+        "killed_at": killed_at,
+        "termed_at": termed_at,
+        "takeover": takeover,
+        "handover": handover,
+        "beats": {first.label: first, second.label: second, c.label: c},
+        "entry": entry,
+    }
+
+
+def check_record(result: dict[str, Any], request: pytest.FixtureRequest) -> None:
+    record = result["record"]
+    times = [slot_time(event) for event in record]
+    holders = [event["django_leader_holder"] for event in record]
+    tokens = [event["django_leader_token"] for event in record]
+
+    # Every slot executed once, and no slot sent twice: consecutive slots are at least one
+    # interval apart (a repeat by a new leader would come sooner).
+    assert len({event["django_leader_slot"] for event in record}) == len(record)
+    assert len({event["task_id"] for event in record}) == len(record)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= EVERY - SLOT_EPSILON, list(zip(holders, times, strict=True))
+
+    # One sender at a time, in order, each with a greater fencing token.
+    runs = [holders[0]] + [h for prev, h in itertools.pairwise(holders) if h != prev]
+    assert runs == result["order"], runs
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == 3
+
+    # None silently lost: within a term, slots every interval; across the SIGKILL, the slot
+    # that fell due while nobody led is sent as soon as the new leader starts.
+    first_new = holders.index(result["order"][1])
+    third = holders.index(result["order"][2])
+    for index, gap in enumerate(gaps, start=1):
+        if index == first_new:
+            assert gap <= TAKEOVER_BOUND + EVERY, gap
+        else:
+            assert gap <= STEADY_GAP, (index, gap, list(zip(holders, times, strict=True)))
+    # (The signal leaves a moment after its time is taken: a slot may fall in between.)
+    assert times[first_new - 1] < result["killed_at"] + 0.1 < times[first_new]
+    assert times[third - 1] < result["termed_at"] + 0.1 < times[third] + 0.1
+
+    # The beats' logs agree: nothing sent outside a term.
+    for label, beat in result["beats"].items():
+        log = beat.log()
+        lead_at = log.find("sends the schedule of")
+        send_at = log.find(f"Sending due task {result['entry']}")
+        assert send_at == -1 or (lead_at != -1 and send_at > lead_at), label
+
+    for key in ("takeover", "handover"):
+        request.node.user_properties.append((key, round(result[key], 3)))
+    print(f"{request.node.name}: takeover after SIGKILL {result['takeover']:.3f}s, "
+          f"handover after SIGTERM {result['handover']:.3f}s, {len(record)} slots, "
+          f"longest gap {max(gaps):.3f}s")
+
+
+def test_two_beats_persistent_scheduler_leases_in_redis(
+    procs: Processes, workers: Workers, request: pytest.FixtureRequest
+) -> None:
+    """Celery's PersistentScheduler (a schedule file per beat), leases and slot records
+    in Redis (the Lua-fenced record)."""
+    result = failover(procs, workers, "celery.beat:PersistentScheduler", "redis")
+    check_record(result, request)
+
+
+def test_two_beats_database_scheduler_leases_in_postgresql(
+    procs: Processes, workers: Workers, request: pytest.FixtureRequest
+) -> None:
+    """django-celery-beat's DatabaseScheduler (schedule in the default database), leases
+    and slot records in PostgreSQL (``lease.fenced()``)."""
+    pytest.importorskip("django_celery_beat")
+    from django_celery_beat.models import PeriodicTask
+
+    try:
+        result = failover(
+            procs, workers, "django_celery_beat.schedulers:DatabaseScheduler", "postgresql"
+        )
+    finally:
+        PeriodicTask.objects.filter(name__startswith="slot-").delete()
+    assert all(event["periodic_task_name"] == result["entry"] for event in result["record"])
+    check_record(result, request)
+
+
+# -- 3. singleton_task under a prefork worker -----------------------------------------------
+@pytest.fixture(params=list(STORES))
+def worker(request: pytest.FixtureRequest, workers: Workers) -> tuple[CeleryProcess, str, str]:
+    process, queue = workers.get(request.param)
+    return process, queue, request.param
+
+
+def intervals(procs: Processes, run: str) -> list[tuple[float, float, int]]:
+    """(start, end, token) of each execution with tag ``run`` (ended ones), by start."""
+    events = procs.records(lambda event: event.get("tag") == run)
+    starts = {e["token"]: e["t"] for e in events if e["ev"] == "start"}
+    ends = {e["token"]: e["t"] for e in events if e["ev"] == "end"}
+    return sorted((starts[token], ends[token], token) for token in starts if token in ends)
+
+
+def assert_no_overlap(spans: list[tuple[float, float, int]]) -> None:
+    for (_, end, token), (next_start, _, next_token) in itertools.pairwise(spans):
+        assert end <= next_start, f"overlapping executions: {spans}"
+        assert next_token > token, spans
+
+
+def test_singleton_twenty_calls_never_overlap_the_rest_skip(
+    procs: Processes, worker: tuple[CeleryProcess, str, str]
+) -> None:
+    from testproject.demoapp.tasks import singleton_interval
+
+    _, queue, _ = worker
+    run = tag()
+    results = [singleton_interval.apply_async((run, 0.3), queue=queue) for _ in range(20)]
+    values = [result.get(timeout=60) for result in results]
+    ran = [value for value in values if value is not None]
+    spans = intervals(procs, run)
+    assert len(ran) == len(spans) >= 1
+    assert values.count(None) == 20 - len(ran) >= 1  # skipped: returned None
+    assert_no_overlap(spans)
+    assert sorted(ran) == [token for _, _, token in spans]
+
+
+def test_singleton_twenty_calls_never_overlap_the_rest_retry(
+    procs: Processes, worker: tuple[CeleryProcess, str, str]
+) -> None:
+    from testproject.demoapp.tasks import singleton_retry_interval
+
+    _, queue, _ = worker
+    run = tag()
+    results = [singleton_retry_interval.apply_async((run, 0.1), queue=queue) for _ in range(20)]
+    values = [result.get(timeout=120) for result in results]
+    spans = intervals(procs, run)
+    assert None not in values and len(spans) == 20  # every call ran, one at a time
+    assert_no_overlap(spans)
+
+
+def test_singleton_different_keys_run_in_parallel(
+    procs: Processes, worker: tuple[CeleryProcess, str, str]
+) -> None:
+    from testproject.demoapp.tasks import singleton_interval
+
+    _, queue, _ = worker
+    runs = [tag() for _ in range(4)]
+    results = [singleton_interval.apply_async((run, 1.5), queue=queue) for run in runs]
+    assert all(result.get(timeout=60) is not None for result in results)
+    spans = [intervals(procs, run)[0] for run in runs]
+    overlapping = max(
+        sum(1 for start, end, _ in spans if start < s_end and s_start < end)
+        for s_start, s_end, _ in spans
+    )
+    assert overlapping >= 2, spans
+
+
+def test_singleton_revoked_with_terminate_releases_at_once(
+    procs: Processes, worker: tuple[CeleryProcess, str, str]
+) -> None:
+    from testproject.demoapp.tasks import singleton_hold_long
+
+    _, queue, store_name = worker
+    store = store_backend(store_name)
+    run = tag()
+    name = f"celery-test-long-{run}"
+    try:
+        result = singleton_hold_long.apply_async((run, 60), queue=queue)
+        procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start")
+        held = store.read(name)
+        assert held is not None and held.holder.startswith(f"{result.id}@")
+        revoked_at = time.monotonic()
+        result.revoke(terminate=True)
+        while store.read(name) is not None:
+            assert time.monotonic() - revoked_at < 10, "the lock of a terminated task was kept"
+            time.sleep(0.02)
+        freed_after = time.monotonic() - revoked_at
+        assert freed_after < 10 < 60  # released, not expired (ttl 60 s)
+        assert not procs.records(lambda e: e.get("tag") == run and e["ev"] == "end")
+        assert singleton_hold_long.apply_async((run, 0), queue=queue).get(timeout=30) is not None
+    finally:
+        store.close()
+
+
+def test_worker_killed_mid_task_its_lock_expires_after_ttl(
+    procs: Processes, workers: Workers
+) -> None:
+    from testproject.demoapp.tasks import singleton_hold
+
+    _, queue = workers.get("redis")
+    store = store_backend("redis")
+    doomed_queue = f"dl-test-doomed-{tag()}"
+    doomed = procs.worker(f"worker-doomed-{tag()}", doomed_queue, concurrency=2,
+                          **STORES["redis"], **TIMING_ENV)
+    run = tag()
+    name = f"celery-test-hold-{run}"
+    try:
+        result = singleton_hold.apply_async((run, 60), queue=doomed_queue)
+        procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start")
+        assert store.read(name).holder.startswith(f"{result.id}@")
+        killed_at = time.monotonic()
+        doomed.kill()  # the worker and its pool, at once
+        # Until the lease expires the lock holds: another worker skips the task.
+        assert singleton_hold.apply_async((run, 0), queue=queue).get(timeout=30) is None
+        while store.read(name) is not None:
+            assert time.monotonic() - killed_at < 3.0 + 2.0, "the lock outlived its ttl"
+            time.sleep(0.02)
+        assert singleton_hold.apply_async((run, 0), queue=queue).get(timeout=30) is not None
+    finally:
+        with contextlib.suppress(Exception):
+            doomed.stop()
+        store.close()

@@ -1,0 +1,136 @@
+"""Settings validation and system checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_leader.conf import get_settings, resolve_timing
+
+
+def test_defaults() -> None:
+    with override_settings(DJANGO_LEADER={}):
+        conf = get_settings()
+    assert conf.backend == "django_leader.backends.db.DatabaseBackend"
+    assert (conf.timing.ttl, conf.timing.renew_interval, conf.timing.retry_interval) == (15, 5, 2)
+    assert conf.database == "default" and conf.history is True and conf.history_retention == 30
+    assert conf.timing.call_timeout < conf.timing.ttl - conf.timing.safety_margin
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"LEASE_TTL": 0}, r"DJANGO_LEADER\['LEASE_TTL'\] must be greater than 0"),
+        ({"LEASE_TTL": "15"}, r"DJANGO_LEADER\['LEASE_TTL'\] must be a number"),
+        (
+            {"RENEW_INTERVAL": 8},
+            r"DJANGO_LEADER\['RENEW_INTERVAL'\] must be less than "
+            r"DJANGO_LEADER\['LEASE_TTL'\] / 2",
+        ),
+        ({"RETRY_INTERVAL": -1}, r"DJANGO_LEADER\['RETRY_INTERVAL'\] must be greater than 0"),
+        ({"DATABASE": "nope"}, r"DJANGO_LEADER\['DATABASE'\] must name an alias"),
+        ({"BACKEND": ""}, r"DJANGO_LEADER\['BACKEND'\] must be a non-empty string"),
+        ({"HISTORY": "yes"}, r"DJANGO_LEADER\['HISTORY'\] must be True or False"),
+        ({"HISTORY_RETENTION": 0}, r"DJANGO_LEADER\['HISTORY_RETENTION'\]"),
+        ({"IDENTITY": ""}, r"DJANGO_LEADER\['IDENTITY'\]"),
+        ({"TTL": 3}, r"unknown key\(s\) TTL"),
+    ],
+)
+def test_bad_settings_name_key_and_rule(value: dict[str, Any], message: str) -> None:
+    with override_settings(DJANGO_LEADER=value), pytest.raises(ImproperlyConfigured, match=message):
+        get_settings()
+
+
+def test_bad_settings_reported_by_check() -> None:
+    with override_settings(DJANGO_LEADER={"LEASE_TTL": 10, "RENEW_INTERVAL": 5}):
+        ids = [m.id for m in run_checks()]
+    assert "django_leader.E001" in ids
+
+
+def test_unknown_backend_reported_by_check() -> None:
+    with override_settings(DJANGO_LEADER={"BACKEND": "nowhere.Backend"}):
+        ids = [m.id for m in run_checks()]
+    assert "django_leader.E002" in ids
+    with override_settings(DJANGO_LEADER={"BACKEND": "django_leader.conf.Timing"}):
+        ids = [m.id for m in run_checks()]
+    assert "django_leader.E002" in ids
+
+
+@pytest.mark.parametrize("name", [":memory:", "file:memorydb_default?mode=memory&cache=shared"])
+def test_in_memory_sqlite_warned(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    from types import SimpleNamespace
+
+    from django_leader import checks
+
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": name}}
+    monkeypatch.setattr(checks, "connections", SimpleNamespace(settings=databases))
+    assert "django_leader.W001" in [m.id for m in checks.check_settings()]
+
+
+def test_valid_settings_pass_checks() -> None:
+    ids = [m.id for m in run_checks() if m.id and m.id.startswith("django_leader")]
+    assert ids == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_missing_table_reported_by_database_check() -> None:
+    from django.db import connection
+
+    ids = [m.id for m in run_checks(databases=["default"])]
+    assert "django_leader.W002" not in ids
+    with connection.schema_editor() as editor:
+        from django_leader.models import LeaseEvent
+
+        editor.delete_model(LeaseEvent)
+    try:
+        ids = [m.id for m in run_checks(databases=["default"])]
+        assert "django_leader.W002" in ids
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(LeaseEvent)
+
+
+def test_resolve_timing_short_ttl_alone_is_valid() -> None:
+    timing = resolve_timing(ttl=1.0)
+    assert timing.renew_interval == pytest.approx(1 / 3)
+    assert timing.safety_margin == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="renew_interval must be less than ttl / 2"):
+        resolve_timing(ttl=1.0, renew_interval=0.5)
+
+
+def test_settings_must_be_a_dict() -> None:
+    with override_settings(DJANGO_LEADER=[]), pytest.raises(ImproperlyConfigured,
+                                                            match="must be a dict"):
+        get_settings()
+
+
+def test_shared_backend_follows_settings() -> None:
+    from django_leader.backends import get_backend
+
+    with override_settings(DJANGO_LEADER={"HISTORY": False}):
+        assert get_backend().history_database is None
+    assert get_backend().history_database == "default"
+
+
+@pytest.mark.parametrize("cache", ["default", "missing"])
+def test_cache_backend_needs_a_redis_cache(cache: str) -> None:
+    from django_leader.backends.cache import CacheBackend
+
+    conf = {"BACKEND": "django_leader.backends.cache.CacheBackend", "CACHE": cache}
+    with override_settings(DJANGO_LEADER=conf):
+        assert "django_leader.E004" in [m.id for m in run_checks()]
+        with pytest.raises(ImproperlyConfigured):
+            CacheBackend()
+
+
+def test_cache_backend_on_redis_passes_checks() -> None:
+    from tests.conftest import require
+
+    require("redis", kind="cache")
+    conf = {"BACKEND": "django_leader.backends.cache.CacheBackend", "CACHE": "redis"}
+    with override_settings(DJANGO_LEADER=conf):
+        assert [m.id for m in run_checks() if m.id and m.id.startswith("django_leader")] == []

@@ -1,0 +1,409 @@
+"""The election loop against real stores, with faults injected into renewals."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_leader import Elector, Lease, current_lease, signals
+from django_leader.lease import clock
+from django_leader.models import Lease as LeaseRow
+from django_leader.models import LeaseEvent
+from tests.conftest import history, stores_db
+from tests.faults import FaultyBackend
+
+pytestmark = stores_db
+
+FAST = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
+WAIT = 10.0  # generous bound for anything that should happen "soon"
+
+
+@pytest.fixture
+def electors() -> Iterator[list[Elector]]:
+    started: list[Elector] = []
+    yield started
+    for elector in started:
+        elector.stop(timeout=WAIT)
+
+
+def start(electors: list[Elector], elector: Elector, work: Any = None) -> Elector:
+    electors.append(elector)
+    elector.start(work)
+    return elector
+
+
+def test_elected_then_stop_releases_to_follower(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    events: list[tuple[str, str, int]] = []
+
+    def note(kind: str) -> Any:
+        return lambda lease: events.append((kind, lease.holder, lease.token))
+
+    first = start(
+        electors,
+        Elector(
+            lease_name,
+            identity="first",
+            backend=backend,
+            on_elected=note("elected"),
+            on_lost=note("lost"),
+            **FAST,
+        ),
+    )
+    assert first.wait_for_leadership(WAIT)
+    assert first.is_leader and first.lease is not None
+    assert first.leader().holder == "first"
+    second = start(
+        electors,
+        Elector(lease_name, identity="second", backend=backend, **{**FAST, "retry_interval": 0.05}),
+    )
+    assert not second.wait_for_leadership(0.5)
+
+    first.stop()
+    assert not first.is_leader and first.lease is None
+    assert second.wait_for_leadership(WAIT)
+    assert second.lease.token == first_token(events) + 1
+    token = first_token(events)
+    assert events == [("elected", "first", token), ("lost", "first", token)]
+    kinds = [event[:2] for event in history(backend, lease_name)]
+    assert kinds == [("acquired", "first"), ("released", "first"), ("acquired", "second")]
+
+
+def first_token(events: list[tuple[str, str, int]]) -> int:
+    return events[0][2]
+
+
+def test_work_gets_lease_and_is_waited_for(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    seen: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def work(lease: Lease) -> None:
+        seen["current"] = current_lease()
+        seen["lease"] = lease
+        lease.lost.wait()
+        # Still winding down: the lease must not be handed on yet.
+        seen["held_while_winding_down"] = backend.read(lease_name)
+        time.sleep(0.3)
+        finished.set()
+
+    elector = start(electors, Elector(lease_name, identity="w", backend=backend, **FAST), work)
+    assert elector.wait_for_leadership(WAIT)
+    elector.stop()
+    assert finished.is_set()  # stop() returned only after the work did
+    assert seen["current"] is seen["lease"]
+    assert seen["lease"].lost.is_set()
+    assert seen["held_while_winding_down"].token == seen["lease"].token
+    assert backend.read(lease_name) is None  # released after the work returned
+    assert current_lease() is None
+
+
+def test_work_that_raises_hands_leadership_on(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    def broken(lease: Lease) -> None:
+        raise RuntimeError("boom")
+
+    first = start(
+        electors,
+        Elector(lease_name, identity="broken", backend=backend, **{**FAST, "retry_interval": 1.0}),
+        broken,
+    )
+    assert first.wait_for_leadership(WAIT)
+    second = start(
+        electors,
+        Elector(
+            lease_name, identity="healthy", backend=backend, **{**FAST, "retry_interval": 0.05}
+        ),
+        lambda lease: lease.lost.wait(),
+    )
+    assert second.wait_for_leadership(WAIT)
+    assert second.lease.holder == "healthy"
+
+
+def test_steps_down_at_deadline_while_renew_hangs(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    faulty = FaultyBackend(backend)
+    lost = threading.Event()
+    lost_at: list[float] = []
+    elector = Elector(
+        lease_name,
+        identity="hangs",
+        backend=faulty,
+        on_lost=lambda lease: (lost_at.append(clock()), lost.set()),
+        **FAST,
+    )
+    start(electors, elector)
+    assert elector.wait_for_leadership(WAIT)
+    lease = elector.lease
+    faulty.hang_renew.set()
+    faulty.renew_started.clear()
+    assert faulty.renew_started.wait(WAIT)  # a renewal is now in flight, and hangs
+    assert lost.wait(WAIT)
+    # The renewer (its call still in flight) or the elector (waking at the deadline) says so.
+    assert lease.lost.is_set()
+    assert lease.lost_reason in (
+        "deadline passed while a renewal was still in flight", "local deadline passed")
+    assert lost_at[0] >= lease.deadline  # not before its deadline...
+    # ...and before the store could give the lease away (its expiry is later still).
+    assert backend.read(lease_name) is not None or lost_at[0] < lease.deadline + 0.5
+    assert not elector.is_leader
+    with pytest.raises(Exception, match="lost"):
+        lease.check()
+    faulty.unblock.set()  # the hung call returns; the lease must not come back to life
+    time.sleep(0.3)
+    assert not lease.held
+
+
+def test_transient_renew_errors_are_retried(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    faulty = FaultyBackend(backend)
+    elector = start(electors, Elector(lease_name, identity="flaky", backend=faulty, **FAST))
+    assert elector.wait_for_leadership(WAIT)
+    token = elector.lease.token
+    faulty.fail_renew = 1
+    calls = faulty.renew_calls
+    give_up = time.monotonic() + WAIT
+    while faulty.renew_calls < calls + 3 and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert faulty.fail_renew == 0
+    assert elector.is_leader and elector.lease.token == token
+
+
+def test_force_release_makes_holder_step_down(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    lost_signals: list[Lease] = []
+
+    def receiver(sender: Any, lease: Lease, **kwargs: Any) -> None:
+        lost_signals.append(lease)
+
+    signals.leader_lost.connect(receiver)
+    try:
+        elector = start(
+            electors,
+            Elector(
+                lease_name, identity="victim", backend=backend, **{**FAST, "retry_interval": 5.0}
+            ),
+        )
+        assert elector.wait_for_leadership(WAIT)
+        lease = elector.lease
+        backend.force_release(lease_name, actor="ops")
+        assert lease.lost.wait(WAIT)
+        assert "refused" in lease.lost_reason
+        give_up = time.monotonic() + WAIT
+        while not lost_signals and time.monotonic() < give_up:
+            time.sleep(0.02)
+        assert lost_signals == [lease]
+        give_up = time.monotonic() + WAIT
+        while "lost" not in [event[0] for event in history(backend, lease_name)]:
+            assert time.monotonic() < give_up, "no lost event recorded"
+            time.sleep(0.05)
+    finally:
+        signals.leader_lost.disconnect(receiver)
+
+
+def test_signals_and_new_leader_callback(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    received: list[tuple[str, Any, int]] = []
+
+    def on(kind: str) -> Any:
+        def receiver(sender: Any, lease: Lease, **kwargs: Any) -> None:
+            if lease.name == lease_name:
+                received.append((kind, sender, lease.token))
+
+        return receiver
+
+    handlers = {signals.leader_elected: on("elected"), signals.lease_released: on("released")}
+    for signal, handler in handlers.items():
+        signal.connect(handler)
+    try:
+        leader = start(electors, Elector(lease_name, identity="leader", backend=backend, **FAST))
+        assert leader.wait_for_leadership(WAIT)
+        observed: list[str] = []
+        follower = start(
+            electors,
+            Elector(
+                lease_name,
+                identity="follower",
+                backend=backend,
+                on_new_leader=lambda lease: observed.append(lease.holder),
+                **FAST,
+            ),
+        )
+        give_up = time.monotonic() + WAIT
+        while not observed and time.monotonic() < give_up:
+            time.sleep(0.02)
+        assert observed[:1] == ["leader"]
+        leader.stop()
+        assert follower.wait_for_leadership(WAIT)
+        assert observed[-1] == "follower"
+        token = received[0][2]
+        assert received[:2] == [("elected", leader, token), ("released", leader, token)]
+        assert ("elected", follower, token + 1) in received
+    finally:
+        for signal, handler in handlers.items():
+            signal.disconnect(handler)
+
+
+def test_stop_without_release_leaves_lease_to_expire(backend: Any, lease_name: str) -> None:
+    elector = Elector(lease_name, identity="keeps", backend=backend, **FAST)
+    elector.start()
+    assert elector.wait_for_leadership(WAIT)
+    elector.stop(release=False, timeout=WAIT)
+    assert not elector.is_leader
+    assert backend.read(lease_name).holder == "keeps"
+
+
+def test_run_twice_at_once_is_refused(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    elector = start(electors, Elector(lease_name, backend=backend, **FAST))
+    assert elector.wait_for_leadership(WAIT)
+    with pytest.raises(RuntimeError, match="already running"):
+        elector.run()
+
+
+NAME_ERRORS = [
+    ({"name": ""}, ValueError, "empty"),
+    ({"name": "   "}, ValueError, "empty"),
+    ({"name": "x" * 201}, ValueError, "at most 200"),
+    ({"name": 42}, TypeError, "str"),
+    ({"name": None}, TypeError, "str"),
+    ({"name": "bad\nname"}, ValueError, "control"),
+    ({"name": "trailing "}, ValueError, "white space"),
+    ({"ttl": 0}, ValueError, "ttl must be greater than 0"),
+    ({"ttl": -5}, ValueError, "ttl must be greater than 0"),
+    ({"ttl": "15"}, ValueError, "ttl must be a number"),
+    ({"ttl": float("nan")}, ValueError, "ttl must be greater than 0"),
+    ({"identity": ""}, ValueError, "identity"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        *NAME_ERRORS,
+        ({"ttl": 10, "renew_interval": 10}, ValueError, "renew_interval must be less than ttl / 2"),
+        ({"ttl": 10, "renew_interval": 5}, ValueError, "renew_interval must be less than ttl / 2"),
+        ({"renew_interval": 100}, ValueError, "renew_interval must be less than ttl / 2"),
+        ({"retry_interval": 0}, ValueError, "retry_interval must be greater than 0"),
+    ],
+)
+def test_elector_bad_input_is_refused_and_writes_nothing(
+    db_alias: str, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    args = {"name": "valid-name", **kwargs}
+    before = LeaseRow.objects.using(db_alias).count(), LeaseEvent.objects.using(db_alias).count()
+    with pytest.raises(error, match=message):
+        Elector(args.pop("name"), **args)
+    after = LeaseRow.objects.using(db_alias).count(), LeaseEvent.objects.using(db_alias).count()
+    assert before == after
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [*NAME_ERRORS, ({"timeout": -1}, ValueError, "timeout must be")],
+)
+def test_lock_bad_input_is_refused_and_writes_nothing(
+    db_alias: str, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    from django_leader import lock
+
+    args = {"name": "valid-name", **kwargs}
+    before = LeaseRow.objects.using(db_alias).count(), LeaseEvent.objects.using(db_alias).count()
+    with pytest.raises(error, match=message), lock(args.pop("name"), **args):
+        pytest.fail("entered the block")
+    after = LeaseRow.objects.using(db_alias).count(), LeaseEvent.objects.using(db_alias).count()
+    assert before == after
+
+
+def test_stop_called_from_work_does_not_deadlock(backend: Any, lease_name: str) -> None:
+    elector = Elector(lease_name, identity="self-stopping", backend=backend, **FAST)
+
+    def work(lease: Lease) -> None:
+        elector.stop()  # asks; must not wait for itself
+
+    thread = elector.start(work)
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert backend.read(lease_name) is None  # released on the way out
+
+
+def test_run_again_after_stop(backend: Any, lease_name: str) -> None:
+    elector = Elector(lease_name, identity="again", backend=backend, **FAST)
+    for _ in range(2):
+        elected = threading.Event()
+        runner = threading.Thread(
+            target=elector.run, args=(lambda lease, elected=elected: elected.set(),)
+        )
+        runner.start()
+        assert elected.wait(WAIT)
+        elector.stop()
+        runner.join(WAIT)
+        assert not runner.is_alive()
+
+
+def test_short_ttl_gets_store_calls_bounded_by_its_own_deadline(db_alias: str) -> None:
+    from django.test import override_settings
+
+    from django_leader import lock
+    from django_leader.conf import resolve_timing
+
+    with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
+        short = Elector("short-ttl", ttl=1.0)
+        assert short.backend.timeout == pytest.approx(resolve_timing(1.0).call_timeout)
+        assert short.backend.timeout < 1.0 - short.timing.safety_margin
+        assert lock("short-ttl", ttl=1.0).backend is short.backend
+        default = Elector("default-ttl")
+        assert default.backend.timeout == pytest.approx(resolve_timing().call_timeout)
+
+
+def test_loss_seen_first_by_a_reader_is_still_reported(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    """`lease.held` read at the deadline marks the lease lost; the renewer must still
+    report it (on_lost, the lost event), not take it as already handled."""
+    faulty = FaultyBackend(backend)
+    lost = threading.Event()
+    elector = start(electors, Elector(lease_name, identity="watched", backend=faulty,
+                                      on_lost=lambda lease: lost.set(), **FAST))
+    assert elector.wait_for_leadership(WAIT)
+    lease = elector.lease
+    faulty.hang_renew.set()
+    while lease.held:  # this thread races the renewer to see the deadline pass
+        time.sleep(0.001)
+    assert lost.wait(WAIT)
+    faulty.unblock.set()
+    give_up = time.monotonic() + WAIT
+    while "lost" not in [event[0] for event in history(backend, lease_name)]:
+        assert time.monotonic() < give_up, "no lost event recorded"
+        time.sleep(0.05)
+
+
+def test_unexpected_store_error_does_not_end_the_campaign(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    faulty = FaultyBackend(backend)
+    calls = {"n": 0}
+    real_acquire = faulty.acquire
+
+    def flaky_acquire(name: str, holder: str, ttl: float) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("a foreign backend's bug")
+        return real_acquire(name, holder, ttl)
+
+    faulty.acquire = flaky_acquire  # type: ignore[method-assign]
+    elector = start(electors, Elector(lease_name, identity="survivor", backend=faulty, **FAST))
+    assert elector.wait_for_leadership(WAIT)
+    assert calls["n"] >= 2

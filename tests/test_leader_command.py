@@ -1,0 +1,117 @@
+"""``manage.py leader``: status, history, release, prune (in-process, every store)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_leader.models import LeaseEvent
+from tests.conftest import ROOT, child_env, history, stores_db
+
+pytestmark = stores_db
+
+
+def run(backend: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "leader", *args],
+        cwd=ROOT,
+        env=child_env(backend),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_status_json_of_held_lease(backend: Any, lease_name: str) -> None:
+    lease, _ = backend.acquire(lease_name, "alice", 30)
+    result = run(backend, "status", lease_name, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["name"] == lease_name and data["state"] == "held"
+    assert (data["holder"], data["token"], data["transitions"]) == ("alice", lease.token, 1)
+    assert 0 < data["expires_in"] <= 30
+    assert set(data) == {
+        "name",
+        "state",
+        "holder",
+        "token",
+        "acquired_at",
+        "renewed_at",
+        "expires_at",
+        "expires_in",
+        "transitions",
+    }
+
+
+def test_status_exits_3_when_nobody_holds(backend: Any, lease_name: str) -> None:
+    result = run(backend, "status", lease_name, "--json")
+    assert result.returncode == 3
+    assert json.loads(result.stdout)["state"] == "free"
+    lease, _ = backend.acquire(lease_name, "alice", 30)
+    backend.release(lease)
+    assert run(backend, "status", lease_name).returncode == 3
+
+
+def test_status_of_all_lists_known_names(backend: Any, lease_name: str) -> None:
+    backend.acquire(lease_name, "alice", 30)
+    result = run(backend, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows[lease_name]["holder"] == "alice"
+
+
+def test_release_is_recorded_and_history_shows_it(backend: Any, lease_name: str) -> None:
+    lease, _ = backend.acquire(lease_name, "alice", 30)
+    result = run(backend, "release", lease_name, "--reason", "maintenance")
+    assert result.returncode == 0, result.stderr
+    assert backend.read(lease_name) is None
+    assert backend.renew(lease, 30) is None
+    event = history(backend, lease_name)[-1]
+    assert event[0] == "forced_release" and event[4].startswith("manage.py leader release")
+    assert run(backend, "release", lease_name).returncode == 3  # nobody holds it now
+
+    shown = run(backend, "history", lease_name, "--json", "--limit", "1")
+    assert shown.returncode == 0, shown.stderr
+    [row] = json.loads(shown.stdout)
+    assert (row["kind"], row["holder"], row["detail"]) == ("forced_release", "alice", "maintenance")
+
+
+def test_usage_errors_exit_2(backend: Any) -> None:
+    assert run(backend, "status", "").returncode == 2
+    assert run(backend, "history", "x", "--limit", "0").returncode == 2
+    assert run(backend, "bogus").returncode == 2
+
+
+def test_prune_keeps_recent_and_the_newest_of_each_name(db_alias: str, lease_name: str) -> None:
+    from django.test import override_settings
+
+    old = timezone.now() - timedelta(days=40)
+    events = LeaseEvent.objects.using(db_alias)
+    for token in (1, 2, 3):
+        events.create(name=lease_name, kind="acquired", holder="h", token=token, at=old)
+    events.create(
+        name=lease_name + "-recent", kind="acquired", holder="h", token=1, at=timezone.now()
+    )
+    with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
+        call_command("leader", "prune", "--days", "30", stdout=io.StringIO())
+    left = sorted(events.filter(name__startswith=lease_name).values_list("name", "token"))
+    assert left == [(lease_name, 3), (lease_name + "-recent", 1)]
+
+
+def test_prune_keeps_the_greatest_token_even_if_not_newest(db_alias: str, lease_name: str) -> None:
+    from django.test import override_settings
+
+    old = timezone.now() - timedelta(days=40)
+    events = LeaseEvent.objects.using(db_alias)
+    events.create(name=lease_name, kind="acquired", holder="new", token=9, at=old)
+    events.create(name=lease_name, kind="lost", holder="old", token=8, at=old)  # noticed late
+    with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
+        call_command("leader", "prune", "--days", "30", stdout=io.StringIO())
+    assert list(events.filter(name=lease_name).values_list("token", flat=True)) == [9]

@@ -1,0 +1,379 @@
+"""``manage.py runleader`` with real processes: a payload runs only while elected."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import (
+    ROOT,
+    child_env,
+    history,
+    open_store,
+    stores_db,
+)
+
+pytestmark = [stores_db, pytest.mark.multiprocess]
+
+# A safety margin (0.1 x TTL) of 0.3 s: the guard of a frozen runleader must get the CPU
+# within it to kill the payload before the lease can be taken; on a loaded 2-core machine
+# 0.2 s (TTL 2) proved too tight.
+TTL, RENEW, RETRY, GRACE = 3.0, 0.5, 0.3, 1.0
+TIMING = ["--ttl", str(TTL), "--renew-interval", str(RENEW), "--retry-interval", str(RETRY)]
+WAIT = 15.0
+STORES = ["sqlite", "postgresql", "mysql", "redis"]
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The stores runleader is run against (one Redis client is enough here)."""
+    yield from open_store(request.param)
+
+
+class Fleet:
+    """runleader processes, each with an identity of its own; all killed at the end."""
+
+    def __init__(self, backend: Any, tmp: Path) -> None:
+        self.backend = backend
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, identity: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{identity}.log", "wb")  # noqa: SIM115 - closed with the test
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runleader", "--identity", identity, *args],
+            cwd=ROOT,
+            env=child_env(self.backend, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs[identity] = proc
+        return proc
+
+    def log(self, identity: str) -> str:
+        return (self.tmp / f"{identity}.log").read_text()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def fleet(store: Any, tmp_path: Path) -> Iterator[Fleet]:
+    group = Fleet(store, tmp_path)
+    yield group
+    group.stop_all()
+    # Payloads whose guard was killed with the test's runleaders die at their deadline.
+    time.sleep(TTL)
+
+
+def lines(path: Path) -> list[tuple[int, int, float]]:
+    """``(pid, token, time)`` of each line the payload wrote."""
+    if not path.exists():
+        return []
+    found = []
+    for raw in path.read_text().splitlines():
+        parts = raw.split()
+        if len(parts) == 3:
+            found.append((int(parts[0]), int(parts[1]), float(parts[2])))
+    return found
+
+
+def wait_for(condition: Any, timeout: float = WAIT, what: str = "condition") -> Any:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def assert_one_writer_at_a_time(records: list[tuple[int, int, float]]) -> None:
+    """Tokens never go back, and once a new writer started no earlier one writes again."""
+    seen: list[int] = []
+    for pid, _token, _ in records:
+        if not seen or seen[-1] != pid:
+            assert pid not in seen, f"pid {pid} wrote again after another writer: {records}"
+            seen.append(pid)
+    tokens = [token for _, token, _ in records]
+    assert tokens == sorted(tokens), tokens
+
+
+def start_three(fleet: Fleet, name: str, out: Path) -> None:
+    for identity in ("r1", "r2", "r3"):
+        fleet.start(
+            identity,
+            name,
+            *TIMING,
+            "--grace",
+            str(GRACE),
+            "--",
+            sys.executable,
+            str(ROOT / "tests" / "payload_writer.py"),
+            str(out),
+        )
+
+
+def current_leader(fleet: Fleet, name: str) -> str:
+    lease = wait_for(lambda: fleet.backend.read(name), what="a leader")
+    return str(lease.holder)
+
+
+def elect_writer(fleet: Fleet, name: str, out: Path) -> tuple[tuple[int, int, float], str]:
+    """Three runleaders with writer payloads: the first line written, and who leads."""
+    start_three(fleet, name, out)
+    first = wait_for(lambda: lines(out), what="the first payload")[0]
+    return first, current_leader(fleet, name)
+
+
+def next_writer(out: Path, first: tuple[int, int, float]) -> list[tuple[int, int, float]]:
+    """The lines written under a later token than ``first``'s, once there are some."""
+    return wait_for(lambda: [r for r in lines(out) if r[1] > first[1]], what="a new payload")
+
+
+def test_sigkill_leader_kills_its_child_and_another_takes_over(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "writes.txt"
+    first, leader = elect_writer(fleet, lease_name, out)
+    time.sleep(1.0)  # a few renewals in
+
+    fleet.procs[leader].kill()
+    killed_at = time.time()
+    # Its payload does not outlive it: the guard sees the pipe close and stops it.
+    wait_for(lambda: not alive(first[0]), timeout=TTL + GRACE + 1, what="the orphan to die")
+
+    after = next_writer(out, first)
+    assert after[0][2] - killed_at < TTL + RETRY + 1
+    assert_one_writer_at_a_time(lines(out))
+
+
+def test_sigterm_leader_hands_over_within_a_second(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "writes.txt"
+    first, leader = elect_writer(fleet, lease_name, out)
+
+    fleet.procs[leader].send_signal(signal.SIGTERM)
+    termed_at = time.time()
+    assert fleet.procs[leader].wait(WAIT) == 0
+    after = next_writer(out, first)
+    handover = after[0][2] - termed_at
+    print(f"SIGTERM handover: {handover:.3f}s")
+    assert handover < 1.0
+    assert not alive(first[0])
+    assert_one_writer_at_a_time(lines(out))
+    kinds = [event[:2] for event in history(fleet.backend, lease_name)]
+    assert ("released", leader) in kinds
+
+
+def test_sigstop_parent_alone_child_stopped_before_new_child(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "writes.txt"
+    first, leader = elect_writer(fleet, lease_name, out)
+    time.sleep(1.0)
+
+    os.kill(fleet.procs[leader].pid, signal.SIGSTOP)  # the parent only; its child runs on
+    try:
+        after = next_writer(out, first)
+        old_last = max(t for pid, _, t in lines(out) if pid == first[0])
+        assert old_last < after[0][2], "the frozen leader's child wrote after the new one began"
+        assert not alive(first[0])
+    finally:
+        os.kill(fleet.procs[leader].pid, signal.SIGCONT)
+    time.sleep(TTL)
+    assert_one_writer_at_a_time(lines(out))
+    # The resumed runleader stepped down and rejoins as a follower; it did not crash.
+    assert fleet.procs[leader].poll() is None
+    assert "lost lease" in fleet.log(leader), fleet.log(leader)
+
+
+def test_call_that_ignores_lost_exits_nonzero_without_early_release(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "calls.txt"
+    proc = fleet.start(
+        "stubborn",
+        lease_name,
+        *TIMING,
+        "--grace",
+        str(GRACE),
+        "--call",
+        "tests.runleader_callables.stubborn",
+        DJANGO_LEADER_TEST_OUT=str(out),
+    )
+    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) == 1
+    assert "ignored lease.lost" in fleet.log("stubborn")
+    # Not released: the lease stays with the stubborn holder until it expires on its own.
+    lease = fleet.backend.read(lease_name)
+    assert lease is not None and lease.holder == "stubborn"
+    assert "released" not in [event[0] for event in history(fleet.backend, lease_name)]
+
+
+def test_call_that_obeys_stops_and_releases(fleet: Fleet, lease_name: str, tmp_path: Path) -> None:
+    out = tmp_path / "calls.txt"
+    proc = fleet.start(
+        "obedient",
+        lease_name,
+        *TIMING,
+        "--call",
+        "tests.runleader_callables.obedient",
+        DJANGO_LEADER_TEST_OUT=str(out),
+    )
+    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) == 0
+    assert "stop" in out.read_text()
+    assert fleet.backend.read(lease_name) is None
+
+
+def test_crash_looping_child_releases_and_backs_off(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    proc = fleet.start("crashy", lease_name, *TIMING, "--", sys.executable, "-c", "exit(3)")
+    wait_for(lambda: fleet.log("crashy").count("payload exited with 3") >= 2, what="two crashes")
+    assert proc.poll() is None
+
+    # The release follows the "payload exited" log line, so wait for it to be recorded.
+    def kinds() -> list[str]:
+        return [event[0] for event in history(fleet.backend, lease_name)]
+
+    wait_for(lambda: len(kinds()) >= 4, what="the second release in the history")
+    assert kinds()[:4] == ["acquired", "released", "acquired", "released"]
+
+
+def test_on_exit_exit_returns_the_childs_status(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    proc = fleet.start(
+        "once", lease_name, *TIMING, "--on-exit", "exit", "--", sys.executable, "-c", "exit(5)"
+    )
+    assert proc.wait(WAIT) == 5
+    assert fleet.backend.read(lease_name) is None  # released on the way out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "exactly one payload"),
+        (["--call", "tests.runleader_callables.obedient", "--", "true"], "exactly one payload"),
+        (["--call", "tests.runleader_callables.nowhere"], "cannot import"),
+        (["--call", "tests.runleader_callables.not_callable"], "not callable"),
+        (["--ttl", "-1", "--", "true"], "ttl must be greater than 0"),
+        (["--ttl", "10", "--renew-interval", "6", "--", "true"], "renew_interval must be less"),
+        (["--grace", "-1", "--", "true"], "--grace must be 0 or more"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(
+    db_alias: str, lease_name: str, args: list[str], message: str
+) -> None:
+    from django_leader.backends.db import DatabaseBackend
+
+    backend = DatabaseBackend(db_alias)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "runleader", lease_name, *args],
+        cwd=ROOT,
+        env=child_env(backend),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert backend.read(lease_name) is None and lease_name not in backend.names()
+    backend.close()
+
+
+def test_beat_command_is_built_from_the_options_after_beat() -> None:
+    from django_leader.management.commands.runleader import beat_command
+
+    assert beat_command(["-A", "proj", "-l", "info", "--app=x"])[-6:] == [
+        "-A",
+        "proj",
+        "--app=x",
+        "beat",
+        "-l",
+        "info",
+    ]
+    assert beat_command([])[1:] == ["-m", "celery", "beat"]
+
+
+def test_beat_runs_only_while_elected_and_stops_on_sigterm(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("celery")
+    proc = fleet.start(
+        "beat",
+        lease_name,
+        *TIMING,
+        "--grace",
+        "5",
+        "--beat",
+        "-A",
+        "testproject",
+        "-S",
+        "celery.beat:PersistentScheduler",
+        "-s",
+        str(tmp_path / "schedule"),
+        "--loglevel",
+        "INFO",
+    )
+    wait_for(lambda: "beat: Starting" in fleet.log("beat"), what="celery beat to start")
+    assert fleet.backend.read(lease_name).holder == "beat"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) == 0
+    assert "payload stopped" in fleet.log("beat")
+    assert fleet.backend.read(lease_name) is None
+
+
+def test_on_exit_restart_backs_off_and_keeps_the_lease(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    fleet.start(
+        "restarts",
+        lease_name,
+        *TIMING,
+        "--on-exit",
+        "restart",
+        "--",
+        sys.executable,
+        "-c",
+        "exit(4)",
+    )
+    wait_for(lambda: fleet.log("restarts").count("restarting it in") >= 3, what="restarts")
+    delays = [
+        float(line.split("restarting it in ")[1].split("s")[0])
+        for line in fleet.log("restarts").splitlines()
+        if "restarting it in" in line
+    ]
+    assert delays[:3] == sorted(delays[:3]) and delays[2] > delays[0]  # backing off
+    assert [event[0] for event in history(fleet.backend, lease_name)] == ["acquired"]
