@@ -277,6 +277,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         "acquired_at",
         "renewed_at",
         "expires_at",
+        "candidates_waiting",
         "store_clock",
     )
     readonly_fields = fields
@@ -423,6 +424,18 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         if state == RELEASING:
             return f"free in {timeline.format_duration(seconds)}"
         return timeline.format_duration(seconds)
+
+    @admin.display(description=_("candidates waiting"))
+    def candidates_waiting(self, row: Lease) -> str:
+        """The Electors campaigning for this lease other than its holder (read live)."""
+        try:
+            candidates = Store.current().backend.candidates(row.name)
+        except BackendUnavailable as exc:
+            return f"unknown ({exc})"
+        if candidates is None:
+            return self.get_empty_value_display()
+        waiting = [identity for identity in candidates if identity != row.holder]
+        return ", ".join(waiting) or str(_("none"))
 
     @admin.display(description=_("checked at (store clock)"))
     def store_clock(self, row: Lease) -> str:

@@ -3,9 +3,9 @@
 * E001 — ``DJANGO_LEADER`` breaks a rule (unknown key, bad value, RENEW_INTERVAL ≥ TTL/2…).
 * E002 — ``BACKEND`` cannot be imported or is not a Backend.
 * E003 — the lease database cannot be inspected (``manage.py check --database <alias>``).
-* W002 — the lease table is missing (run ``manage.py migrate django_leader``); a database
-  check, run by ``manage.py check --database <alias>``. A warning, not an error, so that it
-  never blocks ``migrate`` itself.
+* W002 — migrations of django_leader are not applied to the lease database (run ``manage.py
+  migrate django_leader``); also in a plain ``manage.py check``. A warning, not an error, so
+  that it never blocks ``migrate`` itself.
 * E004 — ``BACKEND`` is the cache backend but ``CACHE`` does not name a Redis cache
   (django-redis or Django's RedisCache): no other cache gives an atomic compare-and-set
   across processes.
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.utils.module_loading import import_string
 
 
@@ -102,34 +102,71 @@ def _in_memory(name: Any) -> bool:
     return text in ("", ":memory:") or "mode=memory" in text
 
 
-@register(Tags.database)
-def check_tables(
+@register("django_leader")
+def check_migrations(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
+    """W002: a django_leader table missing, or a migration not applied, in the lease
+    database.
+
+    Unlike most checks that read a database, this one also runs in a plain ``manage.py
+    check`` (a missing lease table is a misconfiguration to report there): it lists the
+    tables and reads ``django_migrations``. A database it cannot reach is reported (E003)
+    only when asked for, by ``manage.py check --database <alias>``; otherwise it says
+    nothing.
+    """
+    from django.apps import apps
+    from django.db.migrations.recorder import MigrationRecorder
+
     from .conf import get_settings
-    from .models import Lease, LeaseEvent
 
     try:
         alias = get_settings().database
     except ImproperlyConfigured:
         return []  # reported by check_settings
-    if not databases or alias not in databases:
-        return []  # database checks run only when asked for (`check --database <alias>`)
+    if alias not in connections.settings:
+        return []
+    connection = connections[alias]
     try:
-        with connections[alias].cursor() as cursor:
-            tables = set(connections[alias].introspection.table_names(cursor))
-    except DatabaseError as exc:
-        return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
-    missing = [m._meta.db_table for m in (Lease, LeaseEvent) if m._meta.db_table not in tables]
-    if missing:
-        return [
-            Warning(
-                f"django_leader table(s) {', '.join(missing)} missing in database {alias!r}",
-                hint=f"Run `manage.py migrate django_leader --database {alias}`.",
-                id="django_leader.W002",
-            )
-        ]
-    return []
+        with connection.cursor() as cursor:
+            tables = set(connection.introspection.table_names(cursor))
+        recorder = MigrationRecorder(connection)
+        applied = {
+            name for app, name in recorder.applied_migrations() if app == "django_leader"
+        }
+    except Exception as exc:  # unreachable, or database access not allowed here (tests)
+        if databases and alias in databases:
+            return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
+        return []
+    models = apps.get_app_config("django_leader").get_models()
+    missing_tables = sorted(m._meta.db_table for m in models if m._meta.db_table not in tables)
+    unapplied = [name for name in _migrations() if name not in applied]
+    if missing_tables:
+        what = f"django_leader table(s) {', '.join(missing_tables)} missing"
+    elif unapplied:
+        what = f"django_leader migration(s) {', '.join(unapplied)} not applied"
+    else:
+        return []
+    return [
+        Warning(
+            f"{what} in database {alias!r}",
+            hint=f"Run `manage.py migrate django_leader --database {alias}`.",
+            id="django_leader.W002",
+        )
+    ]
+
+
+def _migrations() -> list[str]:
+    """The names of django_leader's migrations, in order."""
+    import pkgutil
+
+    from . import migrations
+
+    return sorted(
+        module.name
+        for module in pkgutil.iter_modules(migrations.__path__)
+        if module.name[:4].isdigit()
+    )
 
 
 # -- Celery beat ---------------------------------------------------------------------------

@@ -84,11 +84,16 @@ class Elector:
         self._release_on_stop = True
         self._running = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._campaigning: threading.Thread | None = None  # the thread in _run(), if any
+        self._ended = threading.Event()  # set when _run() has returned
+        self._ended.set()
         self._worker: threading.Thread | None = None
         self._observed: tuple[str, int] | None = None
         self._work_error: BaseException | None = None
         self._resign_backoff: float | None = None
         self._last_seen: Lease | None = None
+        self._announce_due = 0.0
+        self._announced = False
 
     def __repr__(self) -> str:
         return f"<Elector {self.name!r} as {self.identity!r}>"
@@ -147,16 +152,21 @@ class Elector:
     def stop(self, release: bool = True, timeout: float | None = None) -> None:
         """Stop campaigning. If leading: set ``lease.lost``, wait for the work to return, then
         release the lease (``release=True``) so a follower takes over at once. Waits up to
-        ``timeout`` seconds for a thread started by :meth:`start` — unless called from the
-        work or a callback, which must return first (then it only asks, and returns).
+        ``timeout`` seconds for the campaign to end (the thread of :meth:`start`, or the
+        one in :meth:`run`) — unless called from that thread, the work or a callback, which
+        must return first (then it only asks, and returns).
 
         From a signal handler, prefer setting a flag that your main thread turns into
         ``stop()``: a handler that interrupts code holding the same lock can deadlock."""
         self._release_on_stop = release
         self._stop.set()
         self._wake.set()
-        thread = self._thread
-        if thread is not None and threading.current_thread() not in (thread, self._worker):
+        campaigning, thread = self._campaigning, self._thread
+        if threading.current_thread() in (campaigning, thread, self._worker):
+            return  # the campaign ends once this call's caller returns
+        if campaigning is not None:
+            self._ended.wait(timeout)
+        elif thread is not None:  # started, not yet in _run()
             thread.join(timeout)
 
     def resign(self, backoff: float | None = None) -> None:
@@ -176,20 +186,36 @@ class Elector:
             raise RuntimeError(f"{self!r} is already running")
         caller = StoreCaller(self.backend, self.name)
         _running.add(self)
+        self._ended.clear()
+        self._campaigning = threading.current_thread()
         try:
             logger.info("%s campaigning for %r", self.identity, self.name)
             while not self._stop.is_set():
                 lease = self._campaign(caller)
                 if lease is None:
+                    self._announce(caller)
                     self._stop.wait(self.timing.retry_interval)
                     continue
                 self._lead(lease, work, caller)
+                self._announce_due = 0.0  # a follower again: say so at the next attempt
                 backoff, self._resign_backoff = self._resign_backoff, None
                 if not self._stop.is_set():
                     self._stop.wait(self.timing.retry_interval if backoff is None else backoff)
         finally:
             _running.discard(self)
+            if self._announced:
+                self._announced = False
+                with suppress(TimeoutError, RuntimeError):
+                    caller.call(
+                        self.timing.call_timeout,
+                        self._quietly,
+                        self.backend.withdraw,
+                        self.name,
+                        self.identity,
+                    )
             caller.close()
+            self._campaigning = None
+            self._ended.set()
             self._running.release()
 
     def _campaign(self, caller: StoreCaller) -> Lease | None:
@@ -222,6 +248,25 @@ class Elector:
             self._hand_back(acquired, caller)
             return None
         return acquired
+
+    def _announce(self, caller: StoreCaller) -> None:
+        """Tell the store, now and then, that this elector campaigns (for ``leader status``;
+        best effort, never waited for, never part of the lease decision)."""
+        now = clock()
+        if now < self._announce_due:
+            return
+        # A candidacy outlives a few missed attempts, so a follower never seems to flap.
+        ttl = max(self.timing.ttl, 3 * self.timing.retry_interval)
+        self._announce_due = now + ttl / 3
+        self._announced = True
+        with suppress(RuntimeError):  # the caller may be closed by now
+            caller.submit(self._quietly, self.backend.announce, self.name, self.identity, ttl)
+
+    def _quietly(self, call: Callable[..., Any], *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception as exc:
+            logger.debug("%s for %r failed: %s", call.__name__, self.name, exc)
 
     def _measure_leaderless(self, acquired: Lease) -> None:
         """How long the name had no leader before this takeover, by the store's clock: from

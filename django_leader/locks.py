@@ -214,9 +214,20 @@ def acquire_once(
     return acquired, current
 
 
+class _Hold:
+    """One thread's hold of a lease name: kept per thread, so that one ``Lock`` object
+    used by several threads never mixes up their leases, renewers or connections."""
+
+    def __init__(self, lease: Lease, renewer: Renewer, caller: StoreCaller) -> None:
+        self.lease = lease
+        self.renewer = renewer
+        self.caller = caller
+        self.depth = 1
+
+
 class _Held(threading.local):
     def __init__(self) -> None:
-        self.locks: dict[str, tuple[Lock, int]] = {}
+        self.locks: dict[str, _Hold] = {}
 
 
 _held = _Held()
@@ -248,9 +259,8 @@ class Lock:
         self.timeout = timeout
         self.identity = validate_identity(identity) if identity is not None else default_identity()
         self.backend = resolve_backend(backend, self.timing)
+        #: The lease of the last ``with`` block entered (in any thread).
         self.lease: Lease | None = None
-        self._renewer: Renewer | None = None
-        self._caller: StoreCaller | None = None
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r}>"
@@ -258,18 +268,16 @@ class Lock:
     def __enter__(self) -> Lease:
         outer = _held.locks.get(self.name)
         if outer is not None:
-            lock, depth = outer
-            assert lock.lease is not None
-            lock.lease.check()
-            _held.locks[self.name] = (lock, depth + 1)
-            self.lease = lock.lease
-            return lock.lease
+            outer.lease.check()
+            outer.depth += 1
+            self.lease = outer.lease
+            return outer.lease
         lease = self._acquire()
         self.lease = lease
-        self._caller = StoreCaller(self.backend, self.name)
-        self._renewer = Renewer(self.backend, lease, self.timing, self._caller, on_lost=self._lost)
-        self._renewer.start()
-        _held.locks[self.name] = (self, 1)
+        caller = StoreCaller(self.backend, self.name)
+        renewer = Renewer(self.backend, lease, self.timing, caller, on_lost=self._lost)
+        renewer.start()
+        _held.locks[self.name] = _Hold(lease, renewer, caller)
         logger.info(
             "acquired lock %r (token %s)",
             lease.name,
@@ -291,7 +299,14 @@ class Lock:
                 current = None
             now = clock()
             if not self.blocking or (give_up is not None and now >= give_up):
-                holder = f" by {current.holder} (token {current.token})" if current else ""
+                # No holder, yet refused: force-released, its term not over (or the
+                # holder released in between, and the next attempt would win).
+                holder = (
+                    f" by {current.holder} (token {current.token})"
+                    if current
+                    else " (no holder: force-released, or released just now; the term of a "
+                    "force-released lease must end before anyone may take it)"
+                )
                 raise LeaseHeld(f"lease {self.name!r} is held{holder}")
             pause = self.timing.retry_interval
             if give_up is not None:
@@ -307,14 +322,13 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock, depth = _held.locks[self.name]
-        if depth > 1:
-            _held.locks[self.name] = (lock, depth - 1)
+        hold = _held.locks[self.name]
+        if hold.depth > 1:
+            hold.depth -= 1
             return
         del _held.locks[self.name]
-        lease = self.lease
-        assert lease is not None and self._renewer is not None and self._caller is not None
-        self._renewer.stop()
+        lease = hold.lease
+        hold.renewer.stop()
         was_held = lease.held
         lease._mark_lost("released")
         try:
@@ -328,7 +342,7 @@ class Lock:
                 extra=log_extra(lease),
             )
         finally:
-            self._caller.close()
+            hold.caller.close()
         if released:
             logger.info(
                 "released lock %r (token %s)", lease.name, lease.token, extra=log_extra(lease)

@@ -74,6 +74,34 @@ class LeaseEvent(models.Model):
         return f"{self.name}: {self.kind} by {self.holder} (token {self.token})"
 
 
+class LeaseCandidate(models.Model):
+    """An Elector campaigning for a lease, as it last announced itself.
+
+    What ``manage.py leader status`` lists as candidates. Never part of a lease decision:
+    followers upsert their row every few seconds, best effort, and a row whose
+    ``expires_at`` passed (by the database server's clock) no longer counts.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH)
+    identity = models.CharField(_("identity"), max_length=MAX_IDENTITY_LENGTH)
+    seen_at = models.DateTimeField(_("last seen at"))
+    expires_at = models.DateTimeField(_("expires at"))
+
+    class Meta:
+        verbose_name = _("lease candidate")
+        verbose_name_plural = _("lease candidates")
+        ordering = ["name", "identity"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "identity"], name="django_leader_candidate_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.identity} for {self.name}"
+
+
 class BeatSlot(models.Model):
     """The last schedule slot the elected ``celery beat`` sent for one schedule entry.
 

@@ -57,9 +57,13 @@ def supervise(cmd: list[str], deadline_in: float, grace: float) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     deadline = clock() + deadline_in
-    child = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_signals
-    )
+    try:
+        child = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_signals
+        )
+    except OSError as exc:  # as a shell says it, with a shell's status
+        sys.stderr.write(f"django_leader.supervisor: cannot run {cmd[0]}: {exc.strerror}\n")
+        return 126 if isinstance(exc, PermissionError) else 127
     pgid = child.pid  # start_new_session: the payload leads its own process group
     stdin = sys.stdin.buffer
     buffer = b""

@@ -61,6 +61,7 @@ class MemoryBackend(Backend):
         self._lock = threading.Lock()
         self._leases: dict[str, _Record] = {}
         self._tokens: dict[str, int] = {}
+        self._candidates: dict[str, dict[str, float]] = {}  # name -> identity -> expiry
         self.events: list[tuple[str, str, str, int]] = []  # (kind, name, holder, token)
 
     def pin(self, name: str, holder: str = OTHER_HOLDER) -> None:
@@ -160,6 +161,19 @@ class MemoryBackend(Backend):
             current.holder = ""  # the term runs out as with the real stores
             self.events.append(("forced_release", name, released.holder, released.token))
             return released
+
+    def announce(self, name: str, identity: str, ttl: float) -> None:
+        with self._lock:
+            self._candidates.setdefault(name, {})[identity] = clock() + ttl
+
+    def withdraw(self, name: str, identity: str) -> None:
+        with self._lock:
+            self._candidates.get(name, {}).pop(identity, None)
+
+    def candidates(self, name: str) -> list[str] | None:
+        with self._lock:
+            now = clock()
+            return sorted(i for i, expiry in self._candidates.get(name, {}).items() if expiry > now)
 
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         with self._lock:

@@ -118,7 +118,9 @@ def wipe(backend: Any, name: str) -> None:
     from django_leader.backends.cache import CacheBackend
 
     if isinstance(backend, CacheBackend):
-        backend.client.flushdb()
+        # This lease's keys only (what a restart without persistence loses for it): a
+        # FLUSHDB would also pull the leases of any other run sharing this Redis.
+        backend.client.delete(*backend.keys(name, ("lease", "meta", "candidates")))
     else:
         with connections[backend.alias].cursor() as cursor:
             cursor.execute("DELETE FROM django_leader_lease WHERE name = %s", [name])

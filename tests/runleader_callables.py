@@ -28,4 +28,10 @@ def stubborn(lease: Lease) -> None:
         time.sleep(0.1)
 
 
+def failing(lease: Lease) -> None:
+    """Raises at once, every term."""
+    _note(f"start {lease.token}")
+    raise RuntimeError("payload failed")
+
+
 not_callable = 42

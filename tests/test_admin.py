@@ -402,6 +402,18 @@ def test_lease_page_timeline_shows_terms_gaps_and_current_holder(
     assert 'aria-label="Who held' in page
 
 
+def test_lease_page_lists_the_candidates_waiting(
+    admin_client: Client, store: Any, lease_name: str
+) -> None:
+    store.acquire(lease_name, "alice", 60)
+    for identity in ("alice", "bob", "carol"):
+        store.announce(lease_name, identity, 60)
+    page = admin_client.get(change_url(lease_name)).content.decode()
+    field = page[page.index("field-candidates_waiting") :]
+    field = field[: field.index("</div>", field.index("readonly"))]
+    assert "bob, carol" in field and "alice" not in field
+
+
 def test_history_changelist_filters_and_newest_first(admin_client: Client) -> None:
     now = datetime.now(dt_timezone.utc).replace(microsecond=0)
     rows = [

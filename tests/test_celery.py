@@ -31,6 +31,7 @@ from django_leader.celery import LeaderScheduler, singleton_task
 from django_leader.celery.beat import wrapped_scheduler_class
 from django_leader.celery.state import Slot, entry_key, slot_store
 from django_leader.celery.tasks import release_abandoned, singleton_spec, task_identity
+from django_leader.lease import clock
 from django_leader.locks import resolve_backend
 from testproject.celery import app as project_app  # noqa: F401
 from tests.conftest import stores_db
@@ -482,7 +483,7 @@ def test_a_deposed_leader_that_does_not_know_it_sends_nothing(
     # A copy of its lease that still believes it is held (as after a pause that the
     # renewer has not caught up with), while the store gives the lease to another beat.
     ghost = dataclasses.replace(elector.lease, lost=threading.Event(),
-                                deadline=time.monotonic() + 100)
+                                deadline=clock() + 100)
     inner._dl_lease = ghost
     elector.stop(release=True)
     taken, _ = store.acquire(ghost.name, "the-next-leader", 30)

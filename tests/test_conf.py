@@ -60,6 +60,23 @@ def test_unknown_backend_reported_by_check() -> None:
     assert "django_leader.E002" in ids
 
 
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("nowhere.Backend", r"DJANGO_LEADER\['BACKEND'\] 'nowhere.Backend' cannot be imported"),
+        ("django_leader.conf.Timing", r"'django_leader.conf.Timing' must name a .*Backend"),
+    ],
+)
+def test_unknown_backend_raises_improperly_configured_at_use(path: str, message: str) -> None:
+    from django_leader import Elector, lock
+
+    with override_settings(DJANGO_LEADER={"BACKEND": path}):
+        with pytest.raises(ImproperlyConfigured, match=message):
+            Elector("any-name")
+        with pytest.raises(ImproperlyConfigured, match=message), lock("any-name"):
+            pass
+
+
 @pytest.mark.parametrize("name", [":memory:", "file:memorydb_default?mode=memory&cache=shared"])
 def test_in_memory_sqlite_warned(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     from types import SimpleNamespace
@@ -77,21 +94,61 @@ def test_valid_settings_pass_checks() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_missing_table_reported_by_database_check() -> None:
+def test_missing_table_reported_by_plain_check() -> None:
     from django.db import connection
 
-    ids = [m.id for m in run_checks(databases=["default"])]
+    ids = [m.id for m in run_checks()]
     assert "django_leader.W002" not in ids
     with connection.schema_editor() as editor:
         from django_leader.models import LeaseEvent
 
         editor.delete_model(LeaseEvent)
     try:
-        ids = [m.id for m in run_checks(databases=["default"])]
-        assert "django_leader.W002" in ids
+        messages = [m for m in run_checks() if m.id == "django_leader.W002"]
+        assert len(messages) == 1
+        assert "django_leader_leaseevent missing in database 'default'" in messages[0].msg
     finally:
         with connection.schema_editor() as editor:
             editor.create_model(LeaseEvent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unapplied_migration_reported_by_plain_check() -> None:
+    from django.db.migrations.recorder import MigrationRecorder
+
+    recorded = MigrationRecorder.Migration.objects.filter(
+        app="django_leader", name="0006_leasecandidate"
+    )
+    assert recorded.exists()
+    recorded.delete()
+    try:
+        messages = [m for m in run_checks() if m.id == "django_leader.W002"]
+        assert [m.msg for m in messages] == [
+            "django_leader migration(s) 0006_leasecandidate not applied in database 'default'"
+        ]
+        assert "manage.py migrate django_leader" in (messages[0].hint or "")
+    finally:
+        MigrationRecorder.Migration.objects.create(app="django_leader", name="0006_leasecandidate")
+
+
+@pytest.mark.django_db
+def test_unreachable_database_is_silent_in_plain_check_e003_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db import DatabaseError
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseError("connection refused")
+
+    from django_leader import checks
+
+    monkeypatch.setattr(
+        "django.db.migrations.recorder.MigrationRecorder.applied_migrations", unreachable
+    )
+    assert checks.check_migrations() == []
+    assert [m.id for m in checks.check_migrations(databases=["default"])] == [
+        "django_leader.E003"
+    ]
 
 
 def test_resolve_timing_short_ttl_alone_is_valid() -> None:

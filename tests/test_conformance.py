@@ -328,3 +328,24 @@ def test_names_are_exact(backend: Any, lease_name: str) -> None:
     tokens = [backend.acquire(name, f"holder-{i}", 30)[0] for i, name in enumerate(names)]
     assert all(token is not None for token in tokens)
     assert [backend.read(name).holder for name in names] == ["holder-0", "holder-1", "holder-2"]
+
+
+def test_candidates_announce_expire_and_withdraw(backend: Any, lease_name: str) -> None:
+    """Who campaigns (for ``leader status``): announced, expired by the store's clock, withdrawn."""
+    assert backend.candidates(lease_name) == []
+    backend.announce(lease_name, "bob", 30)
+    backend.announce(lease_name, "alice", 30)
+    backend.announce(lease_name, "carol", 3.0)
+    backend.announce(lease_name, "bob", 30)  # again: still one entry
+    assert backend.candidates(lease_name) == ["alice", "bob", "carol"]
+    assert backend.candidates(f"{lease_name}-other") == []
+
+    backend.withdraw(lease_name, "alice")
+    backend.withdraw(lease_name, "nobody")  # a no-op
+    give_up = time.monotonic() + 15
+    while backend.candidates(lease_name) != ["bob"]:  # carol's candidacy expires
+        assert time.monotonic() < give_up, backend.candidates(lease_name)
+        time.sleep(0.05)
+    # Candidacy is no lease: bob announced, yet anyone may take the lease.
+    lease, _ = backend.acquire(lease_name, "dave", 30)
+    assert lease is not None and lease.holder == "dave"

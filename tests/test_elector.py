@@ -247,8 +247,15 @@ def test_signals_and_new_leader_callback(
         leader.stop()
         assert follower.wait_for_leadership(WAIT)
         assert observed[-1] == "follower"
-        token = received[0][2]
-        assert received[:2] == [("elected", leader, token), ("released", leader, token)]
+        # leader_elected is sent just after wait_for_leadership() can return: wait for it.
+        give_up = time.monotonic() + WAIT
+        while not any(r[0] == "elected" and r[1] is follower for r in received):
+            assert time.monotonic() < give_up, received
+            time.sleep(0.01)
+        # The two electors' signals may interleave; each one's own come in order.
+        mine = [r for r in received if r[1] is leader]
+        token = mine[0][2]
+        assert mine == [("elected", leader, token), ("released", leader, token)]
         assert ("elected", follower, token + 1) in received
     finally:
         for signal, handler in handlers.items():
@@ -262,6 +269,35 @@ def test_stop_without_release_leaves_lease_to_expire(backend: Any, lease_name: s
     elector.stop(release=False, timeout=WAIT)
     assert not elector.is_leader
     assert backend.read(lease_name).holder == "keeps"
+
+
+def test_followers_are_listed_as_candidates_until_they_stop(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    leader = start(electors, Elector(lease_name, identity="c-leader", backend=backend, **FAST))
+    assert leader.wait_for_leadership(WAIT)
+    slow = {"ttl": 6.0, "renew_interval": 1.0, "retry_interval": 0.1}  # candidacy: 6 s
+    followers = [
+        start(electors, Elector(lease_name, identity=f"c-follower-{i}", backend=backend, **slow))
+        for i in range(2)
+    ]
+
+    def waiting() -> list[str]:
+        held = backend.read(lease_name)
+        return [i for i in backend.candidates(lease_name) if held is None or i != held.holder]
+
+    give_up = time.monotonic() + WAIT
+    while waiting() != ["c-follower-0", "c-follower-1"]:
+        assert time.monotonic() < give_up, backend.candidates(lease_name)
+        time.sleep(0.05)
+    followers[0].stop(timeout=WAIT)  # withdraws, not only lets its candidacy expire
+    give_up = time.monotonic() + 2.0  # well before its candidacy would expire (6 s)
+    while waiting() != ["c-follower-1"]:
+        assert time.monotonic() < give_up, backend.candidates(lease_name)
+        time.sleep(0.05)
+    leader.stop(timeout=WAIT)  # the follower takes over; the old leader is no candidate
+    assert followers[1].wait_for_leadership(WAIT)
+    assert "c-leader" not in backend.candidates(lease_name)
 
 
 def test_run_twice_at_once_is_refused(
@@ -351,6 +387,26 @@ def test_run_again_after_stop(backend: Any, lease_name: str) -> None:
         elector.stop()
         runner.join(WAIT)
         assert not runner.is_alive()
+
+
+def test_stop_waits_for_run_in_another_thread(backend: Any, lease_name: str) -> None:
+    """stop() returns once run() has stepped down and released, as with start()."""
+    elector = Elector(lease_name, identity="runs", backend=backend, **FAST)
+    wound_down = threading.Event()
+
+    def work(lease: Lease) -> None:
+        lease.lost.wait()
+        time.sleep(0.3)  # winding down takes a moment; stop() must wait for it
+        wound_down.set()
+
+    runner = threading.Thread(target=elector.run, args=(work,), daemon=True)
+    runner.start()
+    assert elector.wait_for_leadership(WAIT)
+    elector.stop(timeout=WAIT)
+    assert wound_down.is_set()
+    assert backend.read(lease_name) is None  # released before stop() returned
+    runner.join(WAIT)
+    assert not runner.is_alive()
 
 
 def test_short_ttl_gets_store_calls_bounded_by_its_own_deadline(db_alias: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management import call_command
 from django.utils import timezone
 
+from django_leader.backends import get_backend
 from django_leader.models import LeaseEvent
 from tests.conftest import ROOT, child_env, history, stores_db
 
@@ -47,7 +48,20 @@ def test_status_json_of_held_lease(backend: Any, lease_name: str) -> None:
         "expires_at",
         "expires_in",
         "transitions",
+        "candidates",
     }
+    assert data["candidates"] == []
+
+
+def test_status_lists_candidates_waiting(backend: Any, lease_name: str) -> None:
+    backend.acquire(lease_name, "alice", 30)
+    for identity in ("alice", "bob", "carol"):  # the holder is not one waiting
+        backend.announce(lease_name, identity, 30)
+    data = json.loads(run(backend, "status", lease_name, "--json").stdout)
+    assert data["candidates"] == ["bob", "carol"]
+    result = run(backend, "status", lease_name)
+    assert result.returncode == 0, result.stderr
+    assert "candidates waiting: bob, carol" in result.stdout
 
 
 def test_status_exits_3_when_nobody_holds(backend: Any, lease_name: str) -> None:
@@ -115,3 +129,17 @@ def test_prune_keeps_the_greatest_token_even_if_not_newest(db_alias: str, lease_
     with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
         call_command("leader", "prune", "--days", "30", stdout=io.StringIO())
     assert list(events.filter(name=lease_name).values_list("token", flat=True)) == [9]
+
+
+def test_call_command_returns_instead_of_exiting(lease_name: str) -> None:
+    """Exit status 3 is for the command line; from Python the answer is in the output."""
+    from django_leader.management.commands.leader import Command
+
+    store = get_backend()  # the one call_command() uses
+    command, out = Command(), io.StringIO()
+    call_command(command, "status", lease_name, "--json", stdout=out)
+    assert json.loads(out.getvalue())["state"] == "free"
+    assert command.exit_code == 3
+    store.acquire(lease_name, "alice", 30)
+    call_command(command, "status", lease_name, stdout=out)
+    assert command.exit_code == 0

@@ -98,9 +98,9 @@ def test_reentrant_within_a_thread(backend: Any, lease_name: str) -> None:
 
 
 def test_renews_in_background(backend: Any, lease_name: str) -> None:
-    with lock(lease_name, ttl=1.0, backend=backend) as lease:
+    with lock(lease_name, ttl=2.0, backend=backend) as lease:
         first_expiry = lease.expires_at
-        time.sleep(2.0)  # twice the TTL: only renewals keep it
+        time.sleep(4.0)  # twice the TTL: only renewals keep it
         assert lease.held
         assert lease.expires_at > first_expiry
         assert backend.read(lease_name).token == lease.token
@@ -120,4 +120,33 @@ def test_lost_lock_is_visible_in_block(backend: Any, lease_name: str) -> None:
 def test_lock_released_when_block_raises(backend: Any, lease_name: str) -> None:
     with pytest.raises(ZeroDivisionError), lock(lease_name, ttl=30, backend=backend):
         1 / 0  # noqa: B018
+    assert backend.read(lease_name) is None
+
+
+def test_one_lock_object_used_by_several_threads(backend: Any, lease_name: str) -> None:
+    """Each thread's hold is its own: one thread's exit never stops another's renewals
+    nor closes its connection."""
+    shared = lock(lease_name, ttl=2.0, timeout=30, backend=backend)
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with shared as lease:
+                tokens.append(lease.token)
+                time.sleep(2.5)  # past the TTL: only this thread's renewer keeps it
+                lease.check()
+                assert backend.read(lease_name).token == lease.token
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            backend.close()  # this thread's own store connection, as with Django's
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert len(tokens) == 3 and tokens == sorted(set(tokens))  # one after the other
     assert backend.read(lease_name) is None

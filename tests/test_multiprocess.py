@@ -421,7 +421,7 @@ def test_processes_racing_for_a_free_lease_exactly_one_wins(
 
     for kind, name in names.items():
         after = cluster.position()
-        start_at = time.time() + 0.5
+        start_at = time.time() + 1.0
         for racer in racers:
             racer.send("race", name=name, at=start_at, ttl=30.0)
         results = [

@@ -192,13 +192,24 @@ def test_sigterm_leader_hands_over_within_a_second(
     assert ("released", leader) in kinds
 
 
+def just_renewed(fleet: Fleet, name: str) -> None:
+    """Return right after the holder's next renewal is seen in the store."""
+    before = fleet.backend.read(name).renewed_at
+    give_up = time.monotonic() + WAIT
+    while (lease := fleet.backend.read(name)) is None or lease.renewed_at == before:
+        assert time.monotonic() < give_up, "no renewal"
+        time.sleep(0.01)
+
+
 def test_sigstop_parent_alone_child_stopped_before_new_child(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "writes.txt"
     first, leader = elect_writer(fleet, lease_name, out)
     time.sleep(1.0)
-
+    # Freeze it right after a renewal committed, not in the middle of one: a process
+    # stopped while it holds the store's write lock (SQLite) would keep everyone out.
+    just_renewed(fleet, lease_name)
     os.kill(fleet.procs[leader].pid, signal.SIGSTOP)  # the parent only; its child runs on
     try:
         after = next_writer(out, first)
@@ -255,6 +266,61 @@ def test_call_that_obeys_stops_and_releases(fleet: Fleet, lease_name: str, tmp_p
     assert fleet.backend.read(lease_name) is None
 
 
+SLOW_TO_STOP = """
+import signal, sys, time
+out = sys.argv[1]
+def on_term(signum, frame):
+    open(out, "a").write("term\\n")
+    time.sleep(2.0)  # several renewal intervals: the lease is renewed meanwhile
+    open(out, "a").write("done\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(out, "a").write("started\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_sigterm_gives_the_child_its_grace_period(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    """A child that takes longer than a renewal interval to stop is not killed early: the
+    lease is renewed while it winds down, so the guard waits for --grace."""
+    out = tmp_path / "stages.txt"
+    proc = fleet.start(
+        "patient", lease_name, *TIMING, "--grace", "6",
+        "--", sys.executable, "-c", SLOW_TO_STOP, str(out),
+    )  # fmt: skip
+    wait_for(lambda: out.exists() and "started" in out.read_text(), what="the child")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) == 0
+    assert out.read_text().split() == ["started", "term", "done"], fleet.log("patient")
+    assert "SIGKILL" not in fleet.log("patient")
+    assert fleet.backend.read(lease_name) is None  # released after the child stopped
+
+
+def test_call_that_raises_releases_and_backs_off(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "calls.txt"
+    proc = fleet.start(
+        "failing", lease_name, *TIMING, "--call", "tests.runleader_callables.failing",
+        DJANGO_LEADER_TEST_OUT=str(out),
+    )  # fmt: skip
+    marker = "raised; releasing the lease, campaigning again in "
+    wait_for(lambda: fleet.log("failing").count(marker) >= 3, what="three failures")
+    assert proc.poll() is None
+    delays = [
+        float(line.split(marker)[1].split("s")[0])
+        for line in fleet.log("failing").splitlines()
+        if marker in line
+    ]
+    assert delays[:3] == [RETRY, RETRY * 2, RETRY * 4]  # backing off, not a term per retry
+    assert "RuntimeError: payload failed" in fleet.log("failing")
+    tokens = [int(line.split()[2]) for line in out.read_text().splitlines()]
+    assert tokens == sorted(set(tokens))  # a new term each time, released in between
+
+
 def test_crash_looping_child_releases_and_backs_off(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -287,8 +353,12 @@ def test_on_exit_exit_returns_the_childs_status(
         (["--call", "tests.runleader_callables.obedient", "--", "true"], "exactly one payload"),
         (["--call", "tests.runleader_callables.nowhere"], "cannot import"),
         (["--call", "tests.runleader_callables.not_callable"], "not callable"),
-        (["--ttl", "-1", "--", "true"], "ttl must be greater than 0"),
-        (["--ttl", "10", "--renew-interval", "6", "--", "true"], "renew_interval must be less"),
+        (["--ttl", "-1", "--", "true"], "--ttl must be greater than 0"),
+        (
+            ["--ttl", "10", "--renew-interval", "6", "--", "true"],
+            "--renew-interval must be less than --ttl / 2",
+        ),
+        (["--", "/nonexistent/payload"], "command not found (or not executable): /nonexist"),
         (["--grace", "-1", "--", "true"], "--grace must be 0 or more"),
     ],
 )
@@ -327,6 +397,25 @@ def test_beat_command_is_built_from_the_options_after_beat() -> None:
     assert beat_command([])[1:] == ["-m", "celery", "beat"]
 
 
+def test_beat_without_app_finds_the_projects_celery_module() -> None:
+    from django_leader.management.commands.runleader import project_celery_app
+
+    assert project_celery_app() == "testproject.celery"
+
+
+def test_beat_without_app_and_no_celery_module_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.core.management import CommandError, call_command
+
+    from django_leader.management.commands import runleader
+
+    monkeypatch.setattr(runleader, "settings_package", lambda: "tests.procs")
+    with pytest.raises(CommandError, match="give the Celery app") as raised:
+        call_command("runleader", "some-name", "--beat")
+    assert raised.value.returncode == 2
+
+
 def test_beat_runs_only_while_elected_and_stops_on_sigterm(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -337,9 +426,7 @@ def test_beat_runs_only_while_elected_and_stops_on_sigterm(
         *TIMING,
         "--grace",
         "5",
-        "--beat",
-        "-A",
-        "testproject",
+        "--beat",  # no -A: the project's testproject.celery app is found
         "-S",
         "celery.beat:PersistentScheduler",
         "-s",
@@ -348,6 +435,7 @@ def test_beat_runs_only_while_elected_and_stops_on_sigterm(
         "INFO",
     )
     wait_for(lambda: "beat: Starting" in fleet.log("beat"), what="celery beat to start")
+    assert "celery.loaders.app.AppLoader" in fleet.log("beat")  # not Celery's default app
     assert fleet.backend.read(lease_name).holder == "beat"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(WAIT) == 0
@@ -376,4 +464,9 @@ def test_on_exit_restart_backs_off_and_keeps_the_lease(
         if "restarting it in" in line
     ]
     assert delays[:3] == sorted(delays[:3]) and delays[2] > delays[0]  # backing off
-    assert [event[0] for event in history(fleet.backend, lease_name)] == ["acquired"]
+
+    def kinds() -> list[str]:  # written by runleader's own history thread on Redis
+        return [event[0] for event in history(fleet.backend, lease_name)]
+
+    wait_for(kinds, what="the acquisition in the history")
+    assert kinds() == ["acquired"]

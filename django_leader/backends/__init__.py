@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ..conf import get_settings
@@ -27,6 +28,7 @@ def get_backend(path: str | None = None, *, timeout: float | None = None) -> Bac
     if _override is not None:
         return _override
     conf = get_settings()
+    what = "backend" if path else "DJANGO_LEADER['BACKEND']"
     path = path or conf.backend
     if timeout is not None and timeout >= conf.timing.call_timeout:
         timeout = None
@@ -36,13 +38,21 @@ def get_backend(path: str | None = None, *, timeout: float | None = None) -> Bac
             _shared.clear()
             _shared_conf = conf
         if key not in _shared:
-            _shared[key] = _load(path, timeout)
+            _shared[key] = _load(path, timeout, what)
         return _shared[key]
 
 
-def _load(path: str, timeout: float | None) -> Backend:
-    cls = import_string(path)
+def _load(path: str, timeout: float | None, what: str) -> Backend:
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"{what} {path!r} cannot be imported: {exc}"
+        ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise TypeError(f"{path} is not a django_leader.backends.base.Backend subclass")
+        raise ImproperlyConfigured(
+            f"{what} {path!r} must name a "
+            "django_leader.backends.base.Backend subclass"
+        )
     factory: Any = cls  # the contract does not fix constructor arguments; ours take timeout
     return factory() if timeout is None else factory(timeout=timeout)

@@ -59,6 +59,21 @@ class Backend(ABC):
         """Free ``name`` whoever holds it (an operator's action, recorded in the history with
         ``actor``). Returns the lease that was released, or None if nobody held it."""
 
+    def announce(self, name: str, identity: str, ttl: float) -> None:  # noqa: B027
+        """Note that ``identity`` campaigns for ``name``, until *store now* + ``ttl``.
+
+        What :meth:`candidates` reports. Best effort, and never a part of the lease
+        decision: a store that does not track candidates ignores it.
+        """
+
+    def withdraw(self, name: str, identity: str) -> None:  # noqa: B027
+        """Forget that ``identity`` campaigns for ``name`` (it stopped)."""
+
+    def candidates(self, name: str) -> list[str] | None:
+        """The identities whose candidacy for ``name`` has not expired (by the store's
+        clock), sorted; None if this store does not track candidates."""
+        return None
+
     #: The database alias the history (``LeaseEvent``) is written to, or None without history.
     history_database: str | None = None
 

@@ -11,6 +11,9 @@ Keys (one lease's keys share a hash tag, so they sit in one Redis Cluster slot):
   holder = force-released, free for the taking once the key expires.
 * ``<prefix>:<version>:django_leader:{<name>}:meta`` — a hash without expiry: the last
   fencing token, transitions, the last holder and whether it released.
+* ``<prefix>:<version>:django_leader:{<name>}:candidates`` — a sorted set of the Electors
+  campaigning for the name (identity, scored by when its candidacy expires); only for
+  ``manage.py leader status``, never part of a lease decision.
 
 **Fencing tokens across a Redis restart.** The last token lives in the ``meta`` key, which a
 Redis without persistence loses on restart (or a ``FLUSHDB`` removes). When an acquisition
@@ -139,6 +142,33 @@ return {1, current[1], current[2], current[3], current[4], current[5], transitio
 )
 
 
+# KEYS: candidates (a sorted set: identity -> expiry in microseconds, server clock).
+# ARGV: identity, ttl_ms ('' to withdraw). Expired candidates are dropped on the way.
+_ANNOUNCE = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', str(now))
+if ARGV[2] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('ZADD', KEYS[1], str(now + tonumber(ARGV[2]) * 1000), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+"""
+)
+
+# KEYS: candidates. Returns the identities whose candidacy has not expired.
+_CANDIDATES = (
+    _NOW
+    + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. str(now), '+inf')
+"""
+)
+
+
 def redis_client(cache: Any) -> Any:
     """The redis-py client behind a Django cache, or ImproperlyConfigured if it is not Redis."""
     try:
@@ -213,27 +243,28 @@ class CacheBackend(Backend):
         self._release = self.client.register_script(_RELEASE)
         self._force_release = self.client.register_script(_FORCE_RELEASE)
         self._read = self.client.register_script(_READ)
+        self._announce = self.client.register_script(_ANNOUNCE)
+        self._candidates = self.client.register_script(_CANDIDATES)
 
     def __repr__(self) -> str:
         return f"<CacheBackend {self.alias!r}>"
 
-    def keys(self, name: str) -> list[str]:
+    def keys(self, name: str, parts: tuple[str, ...] = ("lease", "meta")) -> list[str]:
         """The lease and meta keys of ``name`` (same hash tag, so one Cluster slot)."""
         tag = (
             name
             if "{" not in name and "}" not in name
             else hashlib.sha256(name.encode()).hexdigest()
         )
-        return [
-            str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}"))
-            for part in ("lease", "meta")
-        ]
+        return [str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}")) for part in parts]
 
-    def _call(self, script: Any, name: str, *args: Any) -> Any:
+    def _call(
+        self, script: Any, name: str, *args: Any, parts: tuple[str, ...] = ("lease", "meta")
+    ) -> Any:
         import redis
 
         try:
-            return script(keys=self.keys(name), args=list(args))
+            return script(keys=self.keys(name, parts), args=list(args))
         except redis.RedisError as exc:
             raise BackendUnavailable(f"redis cache {self.alias!r}: {exc}") from exc
 
@@ -320,6 +351,16 @@ class CacheBackend(Backend):
         except redis.RedisError as exc:
             raise BackendUnavailable(f"redis cache {self.alias!r}: {exc}") from exc
         return sorted(found)
+
+    def announce(self, name: str, identity: str, ttl: float) -> None:
+        self._call(self._announce, name, identity, self._ms(ttl), parts=("candidates",))
+
+    def withdraw(self, name: str, identity: str) -> None:
+        self._call(self._announce, name, identity, "", parts=("candidates",))
+
+    def candidates(self, name: str) -> list[str] | None:
+        reply = self._call(self._candidates, name, parts=("candidates",))
+        return sorted(_text(identity) for identity in reply)
 
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         self._record(kind, lease, None, detail=detail)

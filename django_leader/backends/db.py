@@ -210,11 +210,12 @@ class DatabaseBackend(Backend):
         self._local = threading.local()
         _instances.add(self)
         from ..models import Lease as LeaseRow
-        from ..models import LeaseEvent
+        from ..models import LeaseCandidate, LeaseEvent
 
         ops = connections[self.alias].ops
         self._table = ops.quote_name(LeaseRow._meta.db_table)
         self._events = ops.quote_name(LeaseEvent._meta.db_table)
+        self._candidates = ops.quote_name(LeaseCandidate._meta.db_table)
         self._select = ", ".join(_COLUMNS)
 
     def __repr__(self) -> str:
@@ -440,6 +441,40 @@ class DatabaseBackend(Backend):
         with self._cursor(atomic=False) as cursor:
             cursor.execute(f"SELECT name FROM {self._table} ORDER BY name")
             return [row[0] for row in cursor.fetchall()]
+
+    # -- candidates -----------------------------------------------------------------------
+    def announce(self, name: str, identity: str, ttl: float) -> None:
+        d = self.dialect
+        now, expiry, table = d.now(), d.expiry(), self._candidates
+        with self._cursor(atomic=False) as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET seen_at = {now}, expires_at = {expiry} "
+                "WHERE name = %s AND identity = %s",
+                [d.ttl_param(ttl), name, identity],
+            )
+            if cursor.rowcount != 1:
+                insert = d.insert_ignore(
+                    table, "name, identity, seen_at, expires_at", f"%s, %s, {now}, {expiry}"
+                )
+                cursor.execute(insert, [name, identity, d.ttl_param(ttl)])
+            # Candidates that stopped without a word (crashed): gone once expired.
+            cursor.execute(f"DELETE FROM {table} WHERE name = %s AND expires_at <= {now}", [name])
+
+    def withdraw(self, name: str, identity: str) -> None:
+        with self._cursor(atomic=False) as cursor:
+            cursor.execute(
+                f"DELETE FROM {self._candidates} WHERE name = %s AND identity = %s",
+                [name, identity],
+            )
+
+    def candidates(self, name: str) -> list[str] | None:
+        with self._cursor(atomic=False) as cursor:
+            cursor.execute(
+                f"SELECT identity FROM {self._candidates} "
+                f"WHERE name = %s AND expires_at > {self.dialect.now()} ORDER BY identity",
+                [name],
+            )
+            return sorted(row[0] for row in cursor.fetchall())
 
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         if not self.history:

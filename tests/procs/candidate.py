@@ -66,6 +66,7 @@ FLUSH_TIMEOUT = 10.0
 def main() -> None:
     setup_django()
     from django_leader import Elector, LeadershipLost, NotSupportedError
+    from django_leader.lease import clock
     from testproject.demoapp.models import FencedWrite
 
     identity = os.environ["DL_MP_IDENTITY"]
@@ -181,7 +182,7 @@ def main() -> None:
             # A copy that has not noticed anything: not lost, deadline far ahead. Its
             # fenced() passes the local check, so only the database can refuse it.
             unaware = dataclasses.replace(
-                old, lost=threading.Event(), lost_reason="", deadline=time.monotonic() + 60
+                old, lost=threading.Event(), lost_reason="", deadline=clock() + 60
             )
             emit(
                 "probe",

@@ -107,9 +107,12 @@ def emit(ev: str, **fields: Any) -> None:
         sys.stdout.flush()
 
 
-def wall(monotonic_instant: float) -> float:
-    """The ``time.time()`` that corresponds to a ``time.monotonic()`` instant."""
-    return time.time() + (monotonic_instant - time.monotonic())
+def wall(instant: float) -> float:
+    """The ``time.time()`` that corresponds to an instant of the lease clock
+    (``django_leader.lease.clock()``, in which ``Lease.deadline`` is given)."""
+    from django_leader.lease import clock
+
+    return time.time() + (instant - clock())
 
 
 def epoch(value: Any) -> float | None:

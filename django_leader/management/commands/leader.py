@@ -28,7 +28,11 @@ from django_leader.lease import Lease
 NOBODY = 3
 
 
-def lease_dict(name: str, lease: Lease | None) -> dict[str, Any]:
+def lease_dict(name: str, lease: Lease | None, candidates: list[str] | None) -> dict[str, Any]:
+    """One lease as ``leader status --json`` gives it. ``candidates``: the Electors waiting
+    to take over (campaigning, not holding), or None if the store does not track them."""
+    if candidates is not None and lease is not None:
+        candidates = [identity for identity in candidates if identity != lease.holder]
     if lease is None:
         return {
             "name": name,
@@ -40,6 +44,7 @@ def lease_dict(name: str, lease: Lease | None) -> dict[str, Any]:
             "expires_at": None,
             "expires_in": None,
             "transitions": None,
+            "candidates": candidates,
         }
     return {
         "name": name,
@@ -51,11 +56,30 @@ def lease_dict(name: str, lease: Lease | None) -> dict[str, Any]:
         "expires_at": lease.expires_at.isoformat() if lease.expires_at else None,
         "expires_in": round(lease.expires_in, 3) if lease.expires_in is not None else None,
         "transitions": lease.transitions,
+        "candidates": candidates,
     }
+
+
+def candidates_of(backend: Any, name: str) -> list[str] | None:
+    """The candidates of ``name``, or None when unknown (best effort, as they are kept)."""
+    try:
+        candidates: list[str] | None = backend.candidates(name)
+    except BackendUnavailable:
+        return None
+    return candidates
 
 
 class Command(BaseCommand):
     help = "Inspect and operate django-leader leases: status, history, release, prune."
+
+    #: The exit status of the last run (3: nobody holds NAME). Only the command line
+    #: exits with it; ``call_command()`` returns normally and leaves it here.
+    exit_code = 0
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        super().run_from_argv(argv)
+        if self.exit_code:
+            sys.exit(self.exit_code)
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, parser_class=CommandParser)
@@ -81,16 +105,16 @@ class Command(BaseCommand):
             except (TypeError, ValueError) as exc:
                 raise CommandError(str(exc), returncode=2) from None
         try:
-            code = getattr(self, f"do_{action}")(options)
+            self.exit_code = getattr(self, f"do_{action}")(options)
         except BackendUnavailable as exc:
             raise CommandError(str(exc)) from None
-        if code:
-            sys.exit(code)
 
     def do_status(self, options: dict[str, Any]) -> int:
         backend = get_backend()
         names = [options["name"]] if options["name"] else backend.names()
-        rows = [lease_dict(name, backend.read(name)) for name in names]
+        rows = [
+            lease_dict(name, backend.read(name), candidates_of(backend, name)) for name in names
+        ]
         if options["json"]:
             self.stdout.write(json.dumps(rows[0] if options["name"] else rows, indent=2))
         elif not rows:
@@ -104,6 +128,9 @@ class Command(BaseCommand):
                     f"expires in {row['expires_in']:.1f}s, since {row['acquired_at']}, "
                     f"{row['transitions']} transitions"
                 )
+            if row["candidates"] is not None:
+                waiting = ", ".join(row["candidates"]) or "none"
+                self.stdout.write(f"  candidates waiting: {waiting}")
         return NOBODY if options["name"] and rows[0]["state"] == "free" else 0
 
     def do_history(self, options: dict[str, Any]) -> int:

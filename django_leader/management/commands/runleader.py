@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +40,16 @@ ON_EXIT = ("release", "restart", "exit")
 MAX_BACKOFF = 60.0
 #: A payload that ran this long is not crash-looping: its next back-off starts afresh.
 STABLE_RUN = 30.0
+
+
+def option_names(message: str) -> str:
+    """A timing error worded with this command's options (``--renew-interval``, not
+    ``renew_interval``)."""
+    return re.sub(
+        r"\b(ttl|renew_interval|retry_interval)\b",
+        lambda m: "--" + m.group(1).replace("_", "-"),
+        message,
+    )
 
 
 def usage(message: str) -> CommandError:
@@ -107,7 +119,9 @@ class Command(BaseCommand):
             )
             identity = validate_identity(options["identity"]) if options["identity"] else None
         except (TypeError, ValueError) as exc:
-            raise usage(str(exc)) from None
+            raise usage(option_names(str(exc))) from None
+        if child and shutil.which(child[0]) is None:
+            raise usage(f"command not found (or not executable): {child[0]}")
         if options["grace"] < 0:
             raise usage(f"--grace must be 0 or more, got {options['grace']}")
         call: Callable[[Lease], Any] | None = None
@@ -120,6 +134,17 @@ class Command(BaseCommand):
                 raise usage(f"--call {options['call']!r} is not callable")
         if options["beat"]:
             child = beat_command(beat_options)
+            if "-A" not in child and not any(part.startswith("--app") for part in child):
+                try:
+                    app = project_celery_app()
+                except ImportError as exc:
+                    raise usage(f"--beat: cannot import the project's Celery app: {exc}") from None
+                if app is None:
+                    raise usage(
+                        "--beat: give the Celery app, e.g. --beat -A proj (no "
+                        f"{settings_package() or '<project>'}.celery module was found)"
+                    )
+                child[3:3] = ["-A", app]
         self._configure_logging(options["verbosity"])
 
         self.grace = float(options["grace"])
@@ -188,6 +213,31 @@ class Command(BaseCommand):
                 signal.signal(sig, handler)
 
 
+def settings_package() -> str | None:
+    """The package of the settings module (``proj`` for ``proj.settings``), if any."""
+    from django.conf import settings
+
+    module = getattr(settings, "SETTINGS_MODULE", None) or ""
+    return module.rpartition(".")[0] or None
+
+
+def project_celery_app() -> str | None:
+    """The Celery app of the project as ``-A`` takes it: ``<proj>.celery`` when the
+    settings package has that module (Celery's documented Django layout), else None."""
+    from importlib import import_module
+
+    package = settings_package()
+    if package is None:
+        return None
+    try:
+        import_module(f"{package}.celery")
+    except ModuleNotFoundError as exc:
+        if exc.name not in (f"{package}.celery", package):
+            raise  # the module exists but imports something missing: say what
+        return None
+    return f"{package}.celery"
+
+
 def beat_command(options: list[str]) -> list[str]:
     """``python -m celery [-A app] beat [options]`` from the options given after --beat."""
     app: list[str] = []
@@ -205,6 +255,13 @@ def beat_command(options: list[str]) -> list[str]:
             rest.append(option)
         i += 1
     return [sys.executable, "-m", "celery", *app, "beat", *rest]
+
+
+def until_deadline(lease: Lease) -> float:
+    """Seconds to the lease's local deadline. Not ``lease.time_left()``, which is 0 once
+    ``lost`` is set: while a stopping payload winds down, the lease is still renewed and
+    the deadline still moves, and the guard must wait for ``--grace``, not kill at once."""
+    return 0.0 if lease.deadline is None else max(0.0, lease.deadline - clock())
 
 
 class PayloadRunner:
@@ -229,11 +286,35 @@ class PayloadRunner:
         try:
             if self.call is not None:
                 threading.Thread(target=self._watch_lost, args=(lease,), daemon=True).start()
-                self.call(lease)
+                self._call(lease)
             else:
                 self._supervise(lease)
         finally:
             self._running.clear()
+
+    def _call(self, lease: Lease) -> None:
+        assert self.call is not None
+        started = clock()
+        try:
+            self.call(lease)
+        except Exception:
+            # As for a crashing child: release, and campaign again after a back-off that
+            # grows while it keeps failing, rather than take a new term every retry.
+            self._next_backoff(clock() - started)
+            logger.exception(
+                "--call %s raised; releasing the lease, campaigning again in %.1fs",
+                self.call_name,
+                self._backoff,
+            )
+            self.command.elector.resign(self._backoff)
+
+    def _next_backoff(self, ran: float) -> None:
+        """Back-off after a payload that ended on its own after ``ran`` seconds: none after
+        a stable run, else from RETRY_INTERVAL doubling up to MAX_BACKOFF."""
+        retry = self.command.elector.timing.retry_interval
+        self._backoff = (
+            0.0 if ran >= STABLE_RUN else min(MAX_BACKOFF, max(retry, self._backoff * 2))
+        )
 
     def _watch_lost(self, lease: Lease) -> None:
         lease.lost.wait()
@@ -253,12 +334,7 @@ class PayloadRunner:
             status, lost = self._run_child(lease)
             if lost:
                 return
-            ran = clock() - started
-            self._backoff = (
-                0.0
-                if ran >= STABLE_RUN
-                else min(MAX_BACKOFF, max(elector.timing.retry_interval, self._backoff * 2))
-            )
+            self._next_backoff(clock() - started)
             on_exit = self.command.on_exit
             if on_exit == "restart":
                 logger.info(
@@ -298,7 +374,7 @@ class PayloadRunner:
                 sys.executable,
                 supervisor.__file__,
                 "--deadline",
-                f"{lease.time_left():.3f}",
+                f"{until_deadline(lease):.3f}",
                 "--grace",
                 str(self.command.grace),
                 "--",
@@ -326,7 +402,7 @@ class PayloadRunner:
                 # the guard's deadline moves with it; after a loss it no longer does.
                 if lease.deadline != told:
                     told = lease.deadline
-                    guard.stdin.write(f"D {lease.time_left():.3f}\n".encode())
+                    guard.stdin.write(f"D {until_deadline(lease):.3f}\n".encode())
                     guard.stdin.flush()
             except (BrokenPipeError, ValueError):
                 pass  # the guard is exiting; poll() tells
