@@ -77,9 +77,14 @@ COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-ma
 PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python) $(shell command -v python3.10))
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python) $(shell command -v python3.12 python3.13))
 
+# The two run side by side (one per core), each logging to a file shown when both ended.
 compat:
-	@$(MAKE) --no-print-directory compat-one PY="$(PY310)" DJANGO="Django>=4.2,<5" NAME=django42
-	@$(MAKE) --no-print-directory compat-one PY="$(PY312)" DJANGO="Django>=6.0,<7" NAME=django6
+	@$(MAKE) --no-print-directory compat-one PY="$(PY310)" DJANGO="Django>=4.2,<5" \
+		NAME=django42 >.compat-django42.log 2>&1 & first=$$!; \
+	$(MAKE) --no-print-directory compat-one PY="$(PY312)" DJANGO="Django>=6.0,<7" \
+		NAME=django6 >.compat-django6.log 2>&1 & second=$$!; \
+	status=0; wait $$first || status=1; wait $$second || status=1; \
+	cat .compat-django42.log .compat-django6.log; exit $$status
 
 compat-one:
 	@if [ -z "$(PY)" ]; then echo "compat $(NAME): no suitable Python here, skipped"; exit 0; fi; \
@@ -95,7 +100,8 @@ demo: venv
 	$(BIN)/python -m testproject.demo
 
 clean:
-	rm -rf .demo build dist docs/_build .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf .demo build dist docs/_build .pytest_cache .mypy_cache .ruff_cache *.egg-info \
+		.compat-*.log
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

@@ -110,14 +110,11 @@ def check_migrations(
     database.
 
     Unlike most checks that read a database, this one also runs in a plain ``manage.py
-    check`` (a missing lease table is a misconfiguration to report there): it lists the
-    tables and reads ``django_migrations``. A database it cannot reach is reported (E003)
-    only when asked for, by ``manage.py check --database <alias>``; otherwise it says
-    nothing.
+    check`` (a missing lease table is a misconfiguration to report there). It looks over a
+    connection of its own, bounded by the lease store's timeouts and closed at once, and
+    never creates a SQLite file. A database it cannot reach is reported (E003) only when
+    asked for, by ``manage.py check --database <alias>``; otherwise it says nothing.
     """
-    from django.apps import apps
-    from django.db.migrations.recorder import MigrationRecorder
-
     from .conf import get_settings
 
     try:
@@ -126,21 +123,12 @@ def check_migrations(
         return []  # reported by check_settings
     if alias not in connections.settings:
         return []
-    connection = connections[alias]
     try:
-        with connection.cursor() as cursor:
-            tables = set(connection.introspection.table_names(cursor))
-        recorder = MigrationRecorder(connection)
-        applied = {
-            name for app, name in recorder.applied_migrations() if app == "django_leader"
-        }
+        missing_tables, unapplied = _migration_state(alias)
     except Exception as exc:  # unreachable, or database access not allowed here (tests)
         if databases and alias in databases:
             return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
         return []
-    models = apps.get_app_config("django_leader").get_models()
-    missing_tables = sorted(m._meta.db_table for m in models if m._meta.db_table not in tables)
-    unapplied = [name for name in _migrations() if name not in applied]
     if missing_tables:
         what = f"django_leader table(s) {', '.join(missing_tables)} missing"
     elif unapplied:
@@ -156,17 +144,45 @@ def check_migrations(
     ]
 
 
-def _migrations() -> list[str]:
-    """The names of django_leader's migrations, in order."""
-    import pkgutil
+def _migration_state(alias: str) -> tuple[list[str], list[str]]:
+    """The django_leader tables missing in ``alias``, and its migrations not applied there
+    (as ``migrate`` would see them: squashes, ``MIGRATION_MODULES``)."""
+    import os
 
-    from . import migrations
+    from django.apps import apps
+    from django.db.migrations.loader import MigrationLoader
 
-    return sorted(
-        module.name
-        for module in pkgutil.iter_modules(migrations.__path__)
-        if module.name[:4].isdigit()
-    )
+    from .backends.db import DatabaseBackend
+
+    tables_of = sorted(m._meta.db_table for m in apps.get_app_config("django_leader").get_models())
+    settings_dict = connections[alias].settings_dict
+    name = str(settings_dict.get("NAME") or "")
+    if (
+        connections[alias].vendor == "sqlite"
+        and not _in_memory(name)
+        and not name.startswith("file:")
+        and not os.path.exists(name)
+    ):
+        return tables_of, []  # no database file yet: connecting would create it
+    probe = DatabaseBackend(alias)  # a private connection with the store's timeouts
+    try:
+        wrapper = probe._connection()
+        with wrapper.cursor() as cursor:
+            tables = set(wrapper.introspection.table_names(cursor))
+        loader = MigrationLoader(wrapper, ignore_no_migrations=True)
+        plan = [
+            key
+            for leaf in loader.graph.leaf_nodes("django_leader")
+            for key in loader.graph.forwards_plan(leaf)
+        ]
+        unapplied = [
+            migration
+            for app, migration in dict.fromkeys(plan)
+            if app == "django_leader" and (app, migration) not in loader.applied_migrations
+        ]
+    finally:
+        probe.close()
+    return [table for table in tables_of if table not in tables], unapplied
 
 
 # -- Celery beat ---------------------------------------------------------------------------

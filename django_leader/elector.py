@@ -27,6 +27,9 @@ Callback = Callable[[Lease], Any]
 #: How often a leader waiting for its work to return after losing the lease says so.
 WORK_WAIT_WARNING = 10.0
 
+#: Seconds a follower waits before announcing itself again after an announcement failed.
+ANNOUNCE_BACKOFF = 60.0
+
 _running: weakref.WeakSet[Elector] = weakref.WeakSet()
 
 
@@ -84,9 +87,13 @@ class Elector:
         self._release_on_stop = True
         self._running = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._campaigning: threading.Thread | None = None  # the thread in _run(), if any
-        self._ended = threading.Event()  # set when _run() has returned
-        self._ended.set()
+        # The thread in _run() and an Event of that run, set once it has ended for good
+        # (the lease released, _running free again), both under _state.
+        self._state = threading.Lock()
+        self._campaigning: threading.Thread | None = None
+        self._ended: threading.Event | None = None
+        self._announcing: Future[None] | None = None
+        self._announce_failed = False
         self._worker: threading.Thread | None = None
         self._observed: tuple[str, int] | None = None
         self._work_error: BaseException | None = None
@@ -161,13 +168,16 @@ class Elector:
         self._release_on_stop = release
         self._stop.set()
         self._wake.set()
-        campaigning, thread = self._campaigning, self._thread
+        with self._state:
+            campaigning, ended = self._campaigning, self._ended
+        thread = self._thread
         if threading.current_thread() in (campaigning, thread, self._worker):
             return  # the campaign ends once this call's caller returns
-        if campaigning is not None:
-            self._ended.wait(timeout)
-        elif thread is not None:  # started, not yet in _run()
-            thread.join(timeout)
+        give_up = None if timeout is None else clock() + timeout
+        if ended is not None:
+            ended.wait(timeout)
+        if thread is not None:  # start()'s thread: until it is gone, so start() may follow
+            thread.join(None if give_up is None else max(0.0, give_up - clock()))
 
     def resign(self, backoff: float | None = None) -> None:
         """Step down now: set ``lease.lost``, wait for the work to return, release the lease,
@@ -186,8 +196,9 @@ class Elector:
             raise RuntimeError(f"{self!r} is already running")
         caller = StoreCaller(self.backend, self.name)
         _running.add(self)
-        self._ended.clear()
-        self._campaigning = threading.current_thread()
+        ended = threading.Event()
+        with self._state:
+            self._campaigning, self._ended = threading.current_thread(), ended
         try:
             logger.info("%s campaigning for %r", self.identity, self.name)
             while not self._stop.is_set():
@@ -214,9 +225,11 @@ class Elector:
                         self.identity,
                     )
             caller.close()
-            self._campaigning = None
-            self._ended.set()
             self._running.release()
+            with self._state:
+                if self._ended is ended:
+                    self._campaigning = self._ended = None
+            ended.set()
 
     def _campaign(self, caller: StoreCaller) -> Lease | None:
         timing = self.timing
@@ -251,16 +264,44 @@ class Elector:
 
     def _announce(self, caller: StoreCaller) -> None:
         """Tell the store, now and then, that this elector campaigns (for ``leader status``;
-        best effort, never waited for, never part of the lease decision)."""
+        best effort, never waited for, never part of the lease decision).
+
+        It shares the store thread with the campaign: at most one announcement is in
+        flight, and after a failure (the store down, the candidates table not migrated)
+        the next one waits :data:`ANNOUNCE_BACKOFF`, so that it never delays a takeover.
+        """
         now = clock()
-        if now < self._announce_due:
+        if now < self._announce_due or (
+            self._announcing is not None and not self._announcing.done()
+        ):
             return
         # A candidacy outlives a few missed attempts, so a follower never seems to flap.
         ttl = max(self.timing.ttl, 3 * self.timing.retry_interval)
         self._announce_due = now + ttl / 3
         self._announced = True
-        with suppress(RuntimeError):  # the caller may be closed by now
-            caller.submit(self._quietly, self.backend.announce, self.name, self.identity, ttl)
+        try:
+            future = caller.submit(self.backend.announce, self.name, self.identity, ttl)
+        except RuntimeError:  # the caller is closed by now
+            return
+        self._announcing = future
+        future.add_done_callback(self._announce_done)
+
+    def _announce_done(self, future: Future[None]) -> None:
+        exc = future.exception()
+        if exc is None:
+            self._announce_failed = False
+            return
+        self._announce_due = clock() + ANNOUNCE_BACKOFF
+        log = logger.debug if self._announce_failed else logger.warning
+        self._announce_failed = True
+        log(
+            "could not announce %s as a candidate for %r (leader status will not list it; "
+            "retrying in %.0fs): %s",
+            self.identity,
+            self.name,
+            ANNOUNCE_BACKOFF,
+            exc,
+        )
 
     def _quietly(self, call: Callable[..., Any], *args: Any) -> None:
         try:

@@ -28,6 +28,14 @@ def stubborn(lease: Lease) -> None:
         time.sleep(0.1)
 
 
+def checking(lease: Lease) -> None:
+    """Works in steps and calls ``lease.check()`` between them, which raises once lost."""
+    _note(f"start {lease.token}")
+    while True:
+        lease.check()
+        time.sleep(0.05)
+
+
 def failing(lease: Lease) -> None:
     """Raises at once, every term."""
     _note(f"start {lease.token}")

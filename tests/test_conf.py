@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_leader.conf import get_settings, resolve_timing
+from tests.conftest import ROOT
 
 
 def test_defaults() -> None:
@@ -191,3 +193,29 @@ def test_cache_backend_on_redis_passes_checks() -> None:
     conf = {"BACKEND": "django_leader.backends.cache.CacheBackend", "CACHE": "redis"}
     with override_settings(DJANGO_LEADER=conf):
         assert [m.id for m in run_checks() if m.id and m.id.startswith("django_leader")] == []
+
+
+def test_plain_check_of_a_new_project_reports_w002_and_creates_no_database(
+    tmp_path: Path,
+) -> None:
+    """``manage.py check`` before the first ``migrate``, as a user runs it: the warning,
+    and no SQLite file made by looking (nor any write)."""
+    import os
+    import subprocess
+    import sys
+
+    database = tmp_path / "new.sqlite3"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{database}",
+        "DJANGO_LEADER_EXTRA_DATABASES": "0",
+    }
+    env.pop("REDIS_URL", None)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "django_leader.W002" in result.stderr + result.stdout
+    assert "django_leader_lease," in result.stderr + result.stdout
+    assert not database.exists()

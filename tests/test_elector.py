@@ -409,6 +409,49 @@ def test_stop_waits_for_run_in_another_thread(backend: Any, lease_name: str) -> 
     assert not runner.is_alive()
 
 
+def test_failed_announcement_backs_off_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A store that cannot record candidates (table not migrated) costs one warning and
+    one attempt per back-off, not one per retry."""
+    from django_leader import BackendUnavailable
+    from django_leader.testing import MemoryBackend
+
+    class NoCandidates(MemoryBackend):
+        announced = 0
+
+        def announce(self, name: str, identity: str, ttl: float) -> None:
+            self.announced += 1
+            raise BackendUnavailable("no such table: django_leader_leasecandidate")
+
+    store = NoCandidates()
+    store.pin("busy")  # held elsewhere for ever: the elector stays a follower
+    elector = Elector("busy", backend=store, ttl=1.5, renew_interval=0.3, retry_interval=0.05)
+    elector.start()
+    time.sleep(1.5)  # some 30 campaign attempts
+    elector.stop(timeout=WAIT)
+    assert store.announced == 1
+    warnings = [r for r in caplog.records if "could not announce" in r.getMessage()]
+    assert len(warnings) == 1 and "no such table" in warnings[0].getMessage()
+
+
+def test_start_right_after_stop_is_never_refused() -> None:
+    """stop() returns once the campaign thread is gone, so start() may follow at once."""
+    import sys
+
+    from django_leader.testing import MemoryBackend
+
+    store = MemoryBackend()
+    elector = Elector("restart-quickly", identity="quick", backend=store, **FAST)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # interleave threads as much as possible
+    try:
+        for _ in range(100):
+            elector.start()  # RuntimeError("already running") if stop() returned early
+            elector.stop(timeout=WAIT)
+    finally:
+        sys.setswitchinterval(switch)
+    assert store.read("restart-quickly") is None
+
+
 def test_short_ttl_gets_store_calls_bounded_by_its_own_deadline(db_alias: str) -> None:
     from django.test import override_settings
 

@@ -131,6 +131,22 @@ def test_prune_keeps_the_greatest_token_even_if_not_newest(db_alias: str, lease_
     assert list(events.filter(name=lease_name).values_list("token", flat=True)) == [9]
 
 
+def test_prune_deletes_long_expired_candidacies(db_alias: str, lease_name: str) -> None:
+    from django.test import override_settings
+
+    from django_leader.models import LeaseCandidate
+
+    now = timezone.now()
+    candidates = LeaseCandidate.objects.using(db_alias)
+    for identity, expires in (("gone", -timedelta(days=3)), ("live", timedelta(seconds=60))):
+        candidates.create(name=lease_name, identity=identity, seen_at=now, expires_at=now + expires)
+    with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
+        out = io.StringIO()
+        call_command("leader", "prune", stdout=out)
+    assert "deleted 1 expired candidacies" in out.getvalue()
+    assert list(candidates.filter(name=lease_name).values_list("identity", flat=True)) == ["live"]
+
+
 def test_call_command_returns_instead_of_exiting(lease_name: str) -> None:
     """Exit status 3 is for the command line; from Python the answer is in the output."""
     from django_leader.management.commands.leader import Command

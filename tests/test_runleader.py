@@ -395,12 +395,29 @@ def test_beat_command_is_built_from_the_options_after_beat() -> None:
         "info",
     ]
     assert beat_command([])[1:] == ["-m", "celery", "beat"]
+    assert beat_command(["-Aproj", "-l", "info"])[-4:] == ["-Aproj", "beat", "-l", "info"]
 
 
 def test_beat_without_app_finds_the_projects_celery_module() -> None:
     from django_leader.management.commands.runleader import project_celery_app
 
     assert project_celery_app() == "testproject.celery"
+
+
+def test_call_ending_with_leadership_lost_is_no_crash(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "calls.txt"
+    proc = fleet.start(
+        "checks", lease_name, *TIMING, "--call", "tests.runleader_callables.checking",
+        DJANGO_LEADER_TEST_OUT=str(out),
+    )  # fmt: skip
+    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(WAIT) == 0
+    log = fleet.log("checks")
+    assert "ended with LeadershipLost" in log and "Traceback" not in log, log
+    assert fleet.backend.read(lease_name) is None
 
 
 def test_beat_without_app_and_no_celery_module_is_a_usage_error(

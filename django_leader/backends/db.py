@@ -87,6 +87,15 @@ class _Dialect:
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         raise NotImplementedError
 
+    def upsert(self, table: str, columns: str, values: str, key: str, update: list[str]) -> str:
+        """``INSERT``, or on a conflict on the unique ``key`` columns, set the ``update``
+        columns to the values that were to be inserted."""
+        sets = ", ".join(f"{column} = excluded.{column}" for column in update)
+        return (
+            f"INSERT INTO {table} ({columns}) VALUES ({values}) "
+            f"ON CONFLICT ({key}) DO UPDATE SET {sets}"
+        )
+
     def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
         return options
 
@@ -139,6 +148,10 @@ class _MySQL(_Dialect):
 
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         return f"INSERT IGNORE INTO {table} ({columns}) VALUES ({values})"
+
+    def upsert(self, table: str, columns: str, values: str, key: str, update: list[str]) -> str:
+        sets = ", ".join(f"{column} = VALUES({column})" for column in update)
+        return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON DUPLICATE KEY UPDATE {sets}"
 
     def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
         options = dict(options)
@@ -445,18 +458,16 @@ class DatabaseBackend(Backend):
     # -- candidates -----------------------------------------------------------------------
     def announce(self, name: str, identity: str, ttl: float) -> None:
         d = self.dialect
-        now, expiry, table = d.now(), d.expiry(), self._candidates
+        now, table = d.now(), self._candidates
+        upsert = d.upsert(
+            table,
+            "name, identity, seen_at, expires_at",
+            f"%s, %s, {now}, {d.expiry()}",
+            "name, identity",
+            ["seen_at", "expires_at"],
+        )
         with self._cursor(atomic=False) as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET seen_at = {now}, expires_at = {expiry} "
-                "WHERE name = %s AND identity = %s",
-                [d.ttl_param(ttl), name, identity],
-            )
-            if cursor.rowcount != 1:
-                insert = d.insert_ignore(
-                    table, "name, identity, seen_at, expires_at", f"%s, %s, {now}, {expiry}"
-                )
-                cursor.execute(insert, [name, identity, d.ttl_param(ttl)])
+            cursor.execute(upsert, [name, identity, d.ttl_param(ttl)])
             # Candidates that stopped without a word (crashed): gone once expired.
             cursor.execute(f"DELETE FROM {table} WHERE name = %s AND expires_at <= {now}", [name])
 

@@ -187,7 +187,7 @@ class Command(BaseCommand):
         return 0
 
     def do_prune(self, options: dict[str, Any]) -> int:
-        from django_leader.models import LeaseEvent
+        from django_leader.models import LeaseCandidate, LeaseEvent
 
         conf = get_settings()
         days = conf.history_retention if options["days"] is None else options["days"]
@@ -206,4 +206,12 @@ class Command(BaseCommand):
         old = events.filter(at__lt=Now() - timedelta(days=days)).exclude(id__in=keep)
         deleted, _ = old.delete()
         self.stdout.write(f"deleted {deleted} history events older than {days} days")
+        # Candidacies of names nobody campaigns for any more (each announcement removes
+        # the expired ones of its own name only). A day late: MySQL's NOW() is local time.
+        stale = LeaseCandidate.objects.using(database).filter(
+            expires_at__lt=Now() - timedelta(days=1)
+        )
+        gone, _ = stale.delete()
+        if gone:
+            self.stdout.write(f"deleted {gone} expired candidacies")
         return 0

@@ -134,7 +134,8 @@ class Command(BaseCommand):
                 raise usage(f"--call {options['call']!r} is not callable")
         if options["beat"]:
             child = beat_command(beat_options)
-            if "-A" not in child and not any(part.startswith("--app") for part in child):
+            has_app = any(part.startswith(("-A", "--app")) for part in child)
+            if not has_app and not os.environ.get("CELERY_APP"):  # Celery reads CELERY_APP
                 try:
                     app = project_celery_app()
                 except ImportError as exc:
@@ -249,7 +250,7 @@ def beat_command(options: list[str]) -> list[str]:
             app += [option, options[i + 1]]
             i += 2
             continue
-        if option.startswith("--app="):
+        if option.startswith("--app=") or (option.startswith("-A") and len(option) > 2):
             app.append(option)
         else:
             rest.append(option)
@@ -297,7 +298,12 @@ class PayloadRunner:
         started = clock()
         try:
             self.call(lease)
-        except Exception:
+        except Exception as exc:
+            if lease.lost.is_set():
+                # The way out the docs suggest once the lease is lost (lease.check(),
+                # fenced()): an ordinary end of the term, not a crash.
+                logger.info("--call %s ended with %r after the lease was lost", self.call_name, exc)
+                return
             # As for a crashing child: release, and campaign again after a back-off that
             # grows while it keeps failing, rather than take a new term every retry.
             self._next_backoff(clock() - started)
