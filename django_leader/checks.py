@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
@@ -112,22 +112,15 @@ def check_migrations(
     Unlike most checks that read a database, this one also runs in a plain ``manage.py
     check`` (a missing lease table is a misconfiguration to report there). It looks over a
     connection of its own, bounded by the lease store's timeouts and closed at once, and
-    never creates a SQLite file. A database it cannot reach is reported (E003) only when
-    asked for, by ``manage.py check --database <alias>``; otherwise it says nothing.
+    never creates a SQLite file. A database it cannot reach makes it say nothing: that is
+    :func:`check_database`'s E003, when databases are checked on purpose.
     """
-    from .conf import get_settings
-
-    try:
-        alias = get_settings().database
-    except ImproperlyConfigured:
-        return []  # reported by check_settings
-    if alias not in connections.settings:
+    alias = _lease_database()
+    if alias is None:
         return []
     try:
         missing_tables, unapplied = _migration_state(alias)
-    except Exception as exc:  # unreachable, or database access not allowed here (tests)
-        if databases and alias in databases:
-            return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
+    except Exception:  # unreachable, or database access not allowed here (tests)
         return []
     if missing_tables:
         what = f"django_leader table(s) {', '.join(missing_tables)} missing"
@@ -142,6 +135,32 @@ def check_migrations(
             id="django_leader.W002",
         )
     ]
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E003: the lease database cannot be inspected. A database check: Django runs it only
+    when asked to (``manage.py check --database <alias>``, ``migrate``)."""
+    alias = _lease_database()
+    if alias is None or not databases or alias not in databases:
+        return []
+    try:
+        _migration_state(alias)
+    except Exception as exc:
+        return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
+    return []
+
+
+def _lease_database() -> str | None:
+    from .conf import get_settings
+
+    try:
+        alias = get_settings().database
+    except ImproperlyConfigured:
+        return None  # reported by check_settings
+    return alias if alias in connections.settings else None
 
 
 def _migration_state(alias: str) -> tuple[list[str], list[str]]:
