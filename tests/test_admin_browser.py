@@ -97,6 +97,8 @@ def seed(store: Any) -> None:
             previous_holder="worker-b:5123" if kind == "taken_over" else "",
         )
     store.acquire(LEASE, "worker-b:5123", 300)
+    for standby in ("worker-a:4711", "worker-c:6001"):  # followers campaigning for it
+        store.announce(LEASE, standby, 300)
     # Move the current term's start back 45 minutes, so the picture shows it as a bar.
     LeaseEvent.objects.filter(name=LEASE, token=5).update(at=now - timedelta(minutes=45))
     store.acquire("nightly-import", "beat-1:812", 300)
@@ -160,6 +162,9 @@ def test_operator_force_releases_a_lease_in_the_browser(
 
             # Open the lease: the timeline shows who leads now.
             row.locator("a", has_text=LEASE).click()
+            expect(page.locator(".field-candidates_waiting")).to_contain_text(
+                "worker-a:4711, worker-c:6001"
+            )
             timeline = page.locator("svg.leader-timeline")
             expect(timeline).to_be_visible()
             expect(timeline.locator("text.holder.current")).to_contain_text("worker-b:5123")
