@@ -92,7 +92,7 @@ class Elector:
         self._state = threading.Lock()
         self._campaigning: threading.Thread | None = None
         self._ended: threading.Event | None = None
-        self._announcing: Future[None] | None = None
+        self._announcing: Future[None] | None = None  # the last announcement, if any
         self._announce_failed = False
         self._worker: threading.Thread | None = None
         self._observed: tuple[str, int] | None = None
@@ -100,7 +100,6 @@ class Elector:
         self._resign_backoff: float | None = None
         self._last_seen: Lease | None = None
         self._announce_due = 0.0
-        self._announced = False
 
     def __repr__(self) -> str:
         return f"<Elector {self.name!r} as {self.identity!r}>"
@@ -214,8 +213,8 @@ class Elector:
                     self._stop.wait(self.timing.retry_interval if backoff is None else backoff)
         finally:
             _running.discard(self)
-            if self._announced:
-                self._announced = False
+            if self._announcing is not None:
+                self._announcing = None
                 with suppress(TimeoutError, RuntimeError):
                     caller.call(
                         self.timing.call_timeout,
@@ -278,7 +277,6 @@ class Elector:
         # A candidacy outlives a few missed attempts, so a follower never seems to flap.
         ttl = max(self.timing.ttl, 3 * self.timing.retry_interval)
         self._announce_due = now + ttl / 3
-        self._announced = True
         try:
             future = caller.submit(self.backend.announce, self.name, self.identity, ttl)
         except RuntimeError:  # the caller is closed by now

@@ -110,6 +110,24 @@ def history(backend: Any, name: str) -> list[tuple[str, str, str, int, str]]:
     )
 
 
+def answered(call: Any, *args: Any, timeout: float) -> Any:
+    """``call(*args)``, tried again for up to ``timeout`` seconds while the store is
+    unavailable (the first calls after a restart or a dropped connection meet a dead
+    socket, then the backend reconnects); the last error if it never answers."""
+    import time
+
+    from django_leader import BackendUnavailable
+
+    give_up = time.monotonic() + timeout
+    while True:
+        try:
+            return call(*args)
+        except BackendUnavailable:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(0.05)
+
+
 def wipe(backend: Any, name: str) -> None:
     """Make the store forget everything about ``name``, as a store restart without
     persistence (Redis) or a hand-deleted row (database) would."""

@@ -19,7 +19,7 @@ import pytest
 from django.test import override_settings
 
 from django_leader import BackendUnavailable, Elector
-from tests.conftest import REQUIRE_SERVICES, history, stores_db
+from tests.conftest import REQUIRE_SERVICES, answered, history, stores_db
 
 pytestmark = stores_db
 
@@ -109,17 +109,6 @@ def restartable(
             server.stop()
 
 
-def answered(call: Any, *args: Any) -> Any:
-    """``call(*args)`` once Redis answers again (the first calls meet dead connections)."""
-    give_up = time.monotonic() + WAIT
-    while True:
-        try:
-            return call(*args)
-        except BackendUnavailable:
-            assert time.monotonic() < give_up, "Redis never answered after the restart"
-            time.sleep(0.05)
-
-
 def test_token_grows_across_a_real_restart(
     restartable: tuple[RedisServer, Any], lease_name: str
 ) -> None:
@@ -132,8 +121,8 @@ def test_token_grows_across_a_real_restart(
         backend.renew(first, 30)  # Redis is down: a clear error, bounded in time
     server.start()
 
-    assert answered(backend.read, lease_name) is None  # the restarted Redis forgot it
-    assert answered(backend.renew, first, 30) is None  # so the old holder's renewal fails
+    assert answered(backend.read, lease_name, timeout=WAIT) is None  # Redis forgot it
+    assert answered(backend.renew, first, 30, timeout=WAIT) is None  # so the renewal fails
     second, _ = backend.acquire(lease_name, "bob", 30)
     assert second is not None
     assert second.token > first.token

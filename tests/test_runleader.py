@@ -58,6 +58,19 @@ class Fleet:
         self.procs[identity] = proc
         return proc
 
+    def start_call(
+        self, callable_name: str, name: str, *options: str
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        """``runleader NAME --call tests.runleader_callables.<callable_name>`` with identity
+        ``callable_name``; returns the process and the file the callable writes to."""
+        out = self.tmp / f"{callable_name}.calls"
+        proc = self.start(
+            callable_name, name, *TIMING, *options,
+            "--call", f"tests.runleader_callables.{callable_name}",
+            DJANGO_LEADER_TEST_OUT=str(out),
+        )  # fmt: skip
+        return proc, out
+
     def log(self, identity: str) -> str:
         return (self.tmp / f"{identity}.log").read_text()
 
@@ -76,6 +89,11 @@ def fleet(store: Any, tmp_path: Path) -> Iterator[Fleet]:
     group.stop_all()
     # Payloads whose guard was killed with the test's runleaders die at their deadline.
     time.sleep(TTL)
+
+
+def wait_started(out: Path) -> None:
+    """Until the ``--call`` callable writing to ``out`` has started."""
+    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
 
 
 def lines(path: Path) -> list[tuple[int, int, float]]:
@@ -226,20 +244,10 @@ def test_sigstop_parent_alone_child_stopped_before_new_child(
 
 
 def test_call_that_ignores_lost_exits_nonzero_without_early_release(
-    fleet: Fleet, lease_name: str, tmp_path: Path
+    fleet: Fleet, lease_name: str
 ) -> None:
-    out = tmp_path / "calls.txt"
-    proc = fleet.start(
-        "stubborn",
-        lease_name,
-        *TIMING,
-        "--grace",
-        str(GRACE),
-        "--call",
-        "tests.runleader_callables.stubborn",
-        DJANGO_LEADER_TEST_OUT=str(out),
-    )
-    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+    proc, out = fleet.start_call("stubborn", lease_name, "--grace", str(GRACE))
+    wait_started(out)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(WAIT) == 1
     assert "ignored lease.lost" in fleet.log("stubborn")
@@ -249,17 +257,9 @@ def test_call_that_ignores_lost_exits_nonzero_without_early_release(
     assert "released" not in [event[0] for event in history(fleet.backend, lease_name)]
 
 
-def test_call_that_obeys_stops_and_releases(fleet: Fleet, lease_name: str, tmp_path: Path) -> None:
-    out = tmp_path / "calls.txt"
-    proc = fleet.start(
-        "obedient",
-        lease_name,
-        *TIMING,
-        "--call",
-        "tests.runleader_callables.obedient",
-        DJANGO_LEADER_TEST_OUT=str(out),
-    )
-    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+def test_call_that_obeys_stops_and_releases(fleet: Fleet, lease_name: str) -> None:
+    proc, out = fleet.start_call("obedient", lease_name)
+    wait_started(out)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(WAIT) == 0
     assert "stop" in out.read_text()
@@ -299,14 +299,8 @@ def test_sigterm_gives_the_child_its_grace_period(
     assert fleet.backend.read(lease_name) is None  # released after the child stopped
 
 
-def test_call_that_raises_releases_and_backs_off(
-    fleet: Fleet, lease_name: str, tmp_path: Path
-) -> None:
-    out = tmp_path / "calls.txt"
-    proc = fleet.start(
-        "failing", lease_name, *TIMING, "--call", "tests.runleader_callables.failing",
-        DJANGO_LEADER_TEST_OUT=str(out),
-    )  # fmt: skip
+def test_call_that_raises_releases_and_backs_off(fleet: Fleet, lease_name: str) -> None:
+    proc, out = fleet.start_call("failing", lease_name)
     marker = "raised; releasing the lease, campaigning again in "
     wait_for(lambda: fleet.log("failing").count(marker) >= 3, what="three failures")
     assert proc.poll() is None
@@ -404,18 +398,12 @@ def test_beat_without_app_finds_the_projects_celery_module() -> None:
     assert project_celery_app() == "testproject.celery"
 
 
-def test_call_ending_with_leadership_lost_is_no_crash(
-    fleet: Fleet, lease_name: str, tmp_path: Path
-) -> None:
-    out = tmp_path / "calls.txt"
-    proc = fleet.start(
-        "checks", lease_name, *TIMING, "--call", "tests.runleader_callables.checking",
-        DJANGO_LEADER_TEST_OUT=str(out),
-    )  # fmt: skip
-    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+def test_call_ending_with_leadership_lost_is_no_crash(fleet: Fleet, lease_name: str) -> None:
+    proc, out = fleet.start_call("checking", lease_name)
+    wait_started(out)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(WAIT) == 0
-    log = fleet.log("checks")
+    log = fleet.log("checking")
     assert "ended with LeadershipLost" in log and "Traceback" not in log, log
     assert fleet.backend.read(lease_name) is None
 

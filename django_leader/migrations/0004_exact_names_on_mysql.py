@@ -29,20 +29,25 @@ def binary_collation(schema_editor, table, column):
     raise RuntimeError(f"no binary collation for character set {charset}")
 
 
-def forwards(apps, schema_editor):
+def make_exact(schema_editor, table, columns):
+    """Give ``columns`` of ``table`` a binary collation (MySQL/MariaDB; elsewhere nothing)."""
     if schema_editor.connection.vendor != "mysql":
         return
     quote = schema_editor.quote_name
+    changes = []
+    for column in columns:
+        charset, collation, length, nullable = binary_collation(schema_editor, table, column)
+        null = "NULL" if nullable == "YES" else "NOT NULL"
+        changes.append(
+            f"MODIFY {quote(column)} varchar({length}) "
+            f"CHARACTER SET {charset} COLLATE {collation} {null}"
+        )
+    schema_editor.execute(f"ALTER TABLE {quote(table)} {', '.join(changes)}")
+
+
+def forwards(apps, schema_editor):
     for table, columns in COLUMNS.items():
-        changes = []
-        for column in columns:
-            charset, collation, length, nullable = binary_collation(schema_editor, table, column)
-            null = "NULL" if nullable == "YES" else "NOT NULL"
-            changes.append(
-                f"MODIFY {quote(column)} varchar({length}) "
-                f"CHARACTER SET {charset} COLLATE {collation} {null}"
-            )
-        schema_editor.execute(f"ALTER TABLE {quote(table)} {', '.join(changes)}")
+        make_exact(schema_editor, table, columns)
 
 
 class Migration(migrations.Migration):

@@ -8,19 +8,7 @@ from django.db import migrations, models
 def exact_names_on_mysql(apps, schema_editor):
     """As 0004 does for the other tables: binary collation, so names compare exactly."""
     exact = import_module("django_leader.migrations.0004_exact_names_on_mysql")
-    if schema_editor.connection.vendor != "mysql":
-        return
-    quote = schema_editor.quote_name
-    table = "django_leader_leasecandidate"
-    changes = []
-    for column in ("name", "identity"):
-        charset, collation, length, nullable = exact.binary_collation(schema_editor, table, column)
-        null = "NULL" if nullable == "YES" else "NOT NULL"
-        changes.append(
-            f"MODIFY {quote(column)} varchar({length}) "
-            f"CHARACTER SET {charset} COLLATE {collation} {null}"
-        )
-    schema_editor.execute(f"ALTER TABLE {quote(table)} {', '.join(changes)}")
+    exact.make_exact(schema_editor, "django_leader_leasecandidate", ("name", "identity"))
 
 
 class Migration(migrations.Migration):

@@ -133,19 +133,7 @@ class Command(BaseCommand):
             if not callable(call):
                 raise usage(f"--call {options['call']!r} is not callable")
         if options["beat"]:
-            child = beat_command(beat_options)
-            has_app = any(part.startswith(("-A", "--app")) for part in child)
-            if not has_app and not os.environ.get("CELERY_APP"):  # Celery reads CELERY_APP
-                try:
-                    app = project_celery_app()
-                except ImportError as exc:
-                    raise usage(f"--beat: cannot import the project's Celery app: {exc}") from None
-                if app is None:
-                    raise usage(
-                        "--beat: give the Celery app, e.g. --beat -A proj (no "
-                        f"{settings_package() or '<project>'}.celery module was found)"
-                    )
-                child[3:3] = ["-A", app]
+            child = beat_command(beat_options, default_app=default_beat_app)
         self._configure_logging(options["verbosity"])
 
         self.grace = float(options["grace"])
@@ -239,8 +227,28 @@ def project_celery_app() -> str | None:
     return f"{package}.celery"
 
 
-def beat_command(options: list[str]) -> list[str]:
-    """``python -m celery [-A app] beat [options]`` from the options given after --beat."""
+def default_beat_app() -> str | None:
+    """The app for ``--beat`` given without ``-A``: None if Celery will read ``CELERY_APP``,
+    else the project's ``celery`` module; a usage error if there is none."""
+    if os.environ.get("CELERY_APP"):
+        return None
+    try:
+        app = project_celery_app()
+    except ImportError as exc:
+        raise usage(f"--beat: cannot import the project's Celery app: {exc}") from None
+    if app is None:
+        raise usage(
+            "--beat: give the Celery app, e.g. --beat -A proj (no "
+            f"{settings_package() or '<project>'}.celery module was found)"
+        )
+    return app
+
+
+def beat_command(
+    options: list[str], default_app: Callable[[], str | None] | None = None
+) -> list[str]:
+    """``python -m celery [-A app] beat [options]`` from the options given after --beat;
+    without ``-A``/``--app`` there, the app ``default_app()`` names, if any."""
     app: list[str] = []
     rest: list[str] = []
     i = 0
@@ -255,6 +263,8 @@ def beat_command(options: list[str]) -> list[str]:
         else:
             rest.append(option)
         i += 1
+    if not app and default_app is not None and (name := default_app()) is not None:
+        app = ["-A", name]
     return [sys.executable, "-m", "celery", *app, "beat", *rest]
 
 
