@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "HISTORY": True,
     "HISTORY_RETENTION": 30,
     "BEAT_SCHEDULER": "celery.beat:PersistentScheduler",
+    "LOCK_DELAY": None,
 }
 
 #: Longest lease name accepted (the width of the ``name`` column).
@@ -114,6 +115,9 @@ class LeaderSettings:
     history: bool
     history_retention: int
     beat_scheduler: str
+    #: Seconds no lease may be taken after the store may have lost state (``LOCK_DELAY``;
+    #: None: ``LEASE_TTL``). See :func:`lock_delay`.
+    lock_delay: float
 
 
 def _build() -> LeaderSettings:
@@ -151,6 +155,20 @@ def _build() -> LeaderSettings:
             "DJANGO_LEADER['HISTORY_RETENTION'] must be a whole number of days >= 1, "
             f"got {retention!r}"
         )
+    lock_delay = conf["LOCK_DELAY"]
+    if lock_delay is None:
+        lock_delay = timing.ttl
+    elif (
+        isinstance(lock_delay, bool)
+        or not isinstance(lock_delay, (int, float))
+        or not math.isfinite(lock_delay)
+        or lock_delay < 0
+    ):
+        raise ImproperlyConfigured(
+            "DJANGO_LEADER['LOCK_DELAY'] must be None or a number of seconds >= 0 (how long "
+            "no lease may be taken after the store may have forgotten leases), "
+            f"got {lock_delay!r}"
+        )
     return LeaderSettings(
         backend=conf["BACKEND"],
         database=conf["DATABASE"],
@@ -160,6 +178,7 @@ def _build() -> LeaderSettings:
         history=conf["HISTORY"],
         history_retention=retention,
         beat_scheduler=conf["BEAT_SCHEDULER"],
+        lock_delay=float(lock_delay),
     )
 
 
@@ -209,6 +228,19 @@ def default_identity() -> str:
     if _identity is None or _identity[0] != pid:
         _identity = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
     return _identity[1]
+
+
+def lock_delay(ttl: float) -> float:
+    """Seconds during which no candidate may take a lease after the store may have lost
+    state (SPEC rule 7: a flushed or restarted Redis, a lease row deleted by hand).
+
+    Every holder that could still believe it leads passes its local deadline within its
+    own ttl of its last successful renewal, which came before the loss. The candidates of
+    one name run the same code with the same ttl, so the delay is the longer of
+    ``LOCK_DELAY`` (default ``LEASE_TTL``) and the acquirer's own ``ttl``; where callers of
+    one name use different ttls, set ``LOCK_DELAY`` to the longest.
+    """
+    return max(get_settings().lock_delay, ttl)
 
 
 def resolve_timing(

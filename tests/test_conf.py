@@ -39,12 +39,26 @@ def test_defaults() -> None:
         ({"HISTORY": "yes"}, r"DJANGO_LEADER\['HISTORY'\] must be True or False"),
         ({"HISTORY_RETENTION": 0}, r"DJANGO_LEADER\['HISTORY_RETENTION'\]"),
         ({"IDENTITY": ""}, r"DJANGO_LEADER\['IDENTITY'\]"),
+        ({"LOCK_DELAY": -1}, r"DJANGO_LEADER\['LOCK_DELAY'\] must be None or a number"),
+        ({"LOCK_DELAY": "15"}, r"DJANGO_LEADER\['LOCK_DELAY'\] must be None or a number"),
+        ({"LOCK_DELAY": float("inf")}, r"DJANGO_LEADER\['LOCK_DELAY'\]"),
         ({"TTL": 3}, r"unknown key\(s\) TTL"),
     ],
 )
 def test_bad_settings_name_key_and_rule(value: dict[str, Any], message: str) -> None:
     with override_settings(DJANGO_LEADER=value), pytest.raises(ImproperlyConfigured, match=message):
         get_settings()
+
+
+def test_lock_delay_defaults_to_lease_ttl_and_covers_the_acquirers_ttl() -> None:
+    from django_leader.conf import lock_delay
+
+    with override_settings(DJANGO_LEADER={"LEASE_TTL": 12, "RENEW_INTERVAL": 4}):
+        assert get_settings().lock_delay == 12.0
+        assert lock_delay(3) == 12.0
+        assert lock_delay(60) == 60.0  # a longer ttl: its peers may hold that long
+    with override_settings(DJANGO_LEADER={"LOCK_DELAY": 0}):
+        assert lock_delay(2.5) == 2.5
 
 
 def test_bad_settings_reported_by_check() -> None:

@@ -1,5 +1,7 @@
-"""A real Redis restart without persistence: a private ``redis-server`` is killed and
-started again on the same port, so the store forgets every lease and token counter.
+"""A real Redis that forgets: a private ``redis-server`` is killed and started again on the
+same port (without persistence, or from an older snapshot), or flushed, so the store
+forgets leases and token counters. Tokens must never repeat (SPEC rule 3) and nobody may
+take a lease while an earlier holder could still believe it leads (rule 7: the lock-delay).
 
 The shared Redis of the other tests is left alone: restarting it would pull the leases and
 the Celery broker from under anything else using it.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,19 @@ CLIENTS = {
     "django_redis": "django_redis.cache.RedisCache",
 }
 WAIT = 15.0
+TTL = 2.0
+
+
+def acquire_when_allowed(backend: Any, name: str, holder: str, ttl: float = TTL) -> Any:
+    """Acquire ``name`` as soon as the store lets anyone (after its lock-delay)."""
+    give_up = time.monotonic() + WAIT
+    while True:
+        acquired, current = answered(backend.acquire, name, holder, ttl, timeout=WAIT)
+        if acquired is not None:
+            return acquired
+        assert current is None, f"{name} unexpectedly held by {current}"
+        assert time.monotonic() < give_up, f"{name} was never free to take"
+        time.sleep(0.05)
 
 
 class RedisServer:
@@ -47,10 +63,11 @@ class RedisServer:
             self.port = probe.getsockname()[1]
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, dbfilename: str = "dump.rdb") -> None:
+        """Start; with the snapshot ``dbfilename`` in the work directory loaded, if any."""
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+             "--appendonly", "no", "--dir", str(self.workdir), "--dbfilename", dbfilename],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         give_up = time.monotonic() + WAIT
@@ -97,6 +114,7 @@ def restartable(
         **settings.DJANGO_LEADER,
         "BACKEND": "django_leader.backends.cache.CacheBackend",
         "CACHE": "restartable",
+        "LOCK_DELAY": 0,  # the lock-delay is then the acquirer's own ttl
     }
     with override_settings(CACHES=caches, DJANGO_LEADER=conf):
         from django_leader.backends.cache import CacheBackend
@@ -113,18 +131,16 @@ def test_token_grows_across_a_real_restart(
     restartable: tuple[RedisServer, Any], lease_name: str
 ) -> None:
     server, backend = restartable
-    first, _ = backend.acquire(lease_name, "alice", 30)
-    assert first is not None
+    first = acquire_when_allowed(backend, lease_name, "alice")  # a new Redis waits too
 
     server.crash()
     with pytest.raises(BackendUnavailable):
-        backend.renew(first, 30)  # Redis is down: a clear error, bounded in time
+        backend.renew(first, TTL)  # Redis is down: a clear error, bounded in time
     server.start()
 
     assert answered(backend.read, lease_name, timeout=WAIT) is None  # Redis forgot it
-    assert answered(backend.renew, first, 30, timeout=WAIT) is None  # so the renewal fails
-    second, _ = backend.acquire(lease_name, "bob", 30)
-    assert second is not None
+    assert answered(backend.renew, first, TTL, timeout=WAIT) is None  # so the renewal fails
+    second = acquire_when_allowed(backend, lease_name, "bob")
     assert second.token > first.token
     assert backend.release(first) is False  # a late release of the old term changes nothing
     assert backend.read(lease_name).holder == "bob"
@@ -154,3 +170,116 @@ def test_elector_steps_down_and_a_new_term_has_a_greater_token(
         assert leader.lease is not None and leader.lease.token > lease.token
     finally:
         leader.stop(timeout=WAIT)
+
+
+def holder_belief_ends(sent: float, ttl: float = TTL) -> float:
+    """The latest local deadline (``clock()``) of a holder whose acquisition was sent at
+    ``sent``: it stops believing it leads then at the latest (SPEC rule 2)."""
+    return sent + ttl
+
+
+def test_restore_from_an_older_snapshot_never_repeats_a_token(
+    restartable: tuple[RedisServer, Any], lease_name: str
+) -> None:
+    """Issue 10, defect 1: SAVE, more acquisitions, then a restart from that snapshot
+    used to hand out a token it had already given."""
+    server, backend = restartable
+    tokens = []
+    first = acquire_when_allowed(backend, lease_name, "alice")
+    tokens.append(first.token)
+    assert backend.release(first)
+    backend.client.save()
+    shutil.copy(server.workdir / "dump.rdb", server.workdir / "older.rdb")
+    for holder in ("bob", "carol"):
+        lease, _ = backend.acquire(lease_name, holder, TTL)
+        assert lease is not None
+        tokens.append(lease.token)
+        assert backend.release(lease)
+
+    server.crash()
+    server.start(dbfilename="older.rdb")
+    restored = answered(backend.client.hget, backend.keys(lease_name)[1], "token", timeout=WAIT)
+    assert int(restored) == tokens[0]  # the snapshot really is the older state
+
+    after = acquire_when_allowed(backend, lease_name, "dave")
+    assert after.token > max(tokens), (after.token, tokens)
+
+
+def test_flushdb_makes_everyone_wait_out_the_holder(
+    restartable: tuple[RedisServer, Any], lease_name: str
+) -> None:
+    """Issue 10, defect 2: after FLUSHDB a follower acquired at once while the holder
+    still believed it led. Now nobody may take any lease until it cannot."""
+    from django_leader.lease import clock
+
+    _server, backend = restartable
+    acquire_when_allowed(backend, f"{lease_name}-warm-up", "alice")  # past a new store's delay
+    sent = clock()
+    held, _ = backend.acquire(lease_name, "alice", TTL)
+    assert held is not None
+    other = f"{lease_name}-other"  # a name nobody held: the store cannot know that either
+    backend.client.flushdb()
+
+    taken = acquire_when_allowed(backend, lease_name, "bob")
+    assert clock() >= holder_belief_ends(sent) - held_margin()
+    assert taken.token > held.token
+    assert backend.renew(held, TTL) is None
+    assert acquire_when_allowed(backend, other, "carol") is not None
+
+
+def held_margin() -> float:
+    """The holder's safety margin (its deadline is ``sent + ttl - margin``)."""
+    from django_leader.conf import resolve_timing
+
+    return resolve_timing(TTL).safety_margin
+
+
+@pytest.mark.parametrize("fault", ["restart", "flush"])
+def test_no_two_electors_lead_when_redis_forgets(
+    restartable: tuple[RedisServer, Any], lease_name: str, fault: str
+) -> None:
+    """A leader and a follower; Redis forgets the lease. Whoever is elected next (the old
+    leader campaigns again too), it is after the old leader's local deadline, with a
+    greater token."""
+    from django_leader.lease import clock
+
+    server, backend = restartable
+    acquire_when_allowed(backend, f"{lease_name}-warm-up", "warm-up")  # past a new store's delay
+    timing = {"ttl": TTL, "renew_interval": 0.5, "retry_interval": 0.1}
+    elections: list[tuple[float, str, int]] = []
+    elected = threading.Event()
+
+    def on_elected(lease: Any) -> None:
+        elections.append((clock(), lease.holder, lease.token))
+        elected.set()
+
+    electors = [
+        Elector(lease_name, identity=who, backend=backend, on_elected=on_elected, **timing)
+        for who in ("first", "second")
+    ]
+    for elector in electors:
+        elector.start()
+    try:
+        assert elected.wait(WAIT)
+        leading = next(e for e in electors if e.wait_for_leadership(0.5))
+        lease = leading.lease
+        assert lease is not None and lease.deadline is not None
+        before = len(elections)
+        if fault == "restart":
+            server.crash()
+            server.start()
+        else:
+            backend.client.flushdb()
+        give_up = time.monotonic() + WAIT
+        while len(elections) == before:
+            assert time.monotonic() < give_up, "nobody was elected again"
+            time.sleep(0.05)
+        at, holder, token = elections[before]
+        assert lease.lost.is_set()
+        # Whatever the old leader heard, it had stopped believing by its deadline, which
+        # had passed before anyone was let in again.
+        assert at >= lease.deadline, (at, lease.deadline, holder)
+        assert token > lease.token
+    finally:
+        for elector in electors:
+            elector.stop(timeout=WAIT)
