@@ -28,12 +28,12 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.utils import Error as DjangoDBError
-from django.db.utils import load_backend
+from django.db.utils import InterfaceError, OperationalError, load_backend
 from django.utils.dateparse import parse_datetime
 
-from ..conf import get_settings
+from ..conf import get_settings, lock_delay
 from ..exceptions import BackendUnavailable, LeadershipLost
-from ..lease import Lease
+from ..lease import Lease, clock
 from .base import Backend
 
 logger = logging.getLogger("django_leader")
@@ -41,13 +41,36 @@ logger = logging.getLogger("django_leader")
 #: Seconds a private connection may sit idle before it is checked (is_usable()) on reuse.
 IDLE_CHECK = 10.0
 
+#: The least time, in seconds, a fenced transaction is given by the server before it is
+#: aborted, however little of the lease is left (see :meth:`DatabaseBackend.fenced`).
+FENCE_FLOOR = 1.0
+
 #: Every DatabaseBackend, so that a forked child can drop what it inherited.
 _instances: weakref.WeakSet[DatabaseBackend] = weakref.WeakSet()
+#: Every open private connection wrapper, of every thread (weakly: one whose thread ended
+#: goes as it always did).
+_wrappers: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Strong references taken just before a fork (see _before_fork).
+_pinned: list[Any] = []
+
+
+def _before_fork() -> None:
+    # A forked child keeps only the forking thread: Python frees the thread-local data of
+    # every other thread in the child, and a connection freed there says goodbye to the
+    # server (MySQL's COM_QUIT, PostgreSQL's Terminate) on the socket it shares with the
+    # parent, which ends the parent's session. Pin them all across the fork.
+    _pinned[:] = list(_wrappers)
+
+
+def _after_fork_in_parent() -> None:
+    _pinned.clear()
 
 
 def _after_fork_in_child() -> None:
     # The parent's sockets are not this process's to use, nor to close (closing would
     # end the parent's session): forget them, keeping them referenced, and start afresh.
+    _inherited.append(list(_pinned))
+    _pinned.clear()
     for backend in list(_instances):
         _inherited.append(backend._local)
         backend._local = threading.local()
@@ -55,7 +78,11 @@ def _after_fork_in_child() -> None:
 
 _inherited: list[Any] = []
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 _COLUMNS = (
     "name",
@@ -99,6 +126,23 @@ class _Dialect:
     def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
         return options
 
+    def clock_seed(self) -> tuple[str, list[Any]]:
+        """SQL (and its parameters) for the server's clock in microseconds since the epoch:
+        the first token of a name when there is no history to continue from."""
+        raise NotImplementedError
+
+    def bound_transaction(
+        self, cursor: Any, connection: Any, seconds: float, saved: dict[str, Any]
+    ) -> None:
+        """Have the server end the open transaction of ``connection`` (a Django connection;
+        ``cursor``: a DB-API cursor of it), killing the session if it must, should it still
+        run a statement, or sit idle, ``seconds`` from now (see :meth:`DatabaseBackend.fenced`).
+        ``saved`` is kept across the calls for one transaction: what must be restored after
+        it (see :meth:`unbound_transaction`)."""
+
+    def unbound_transaction(self, cursor: Any, saved: dict[str, Any]) -> None:
+        """Restore what :meth:`bound_transaction` saved."""
+
 
 class _PostgreSQL(_Dialect):
     # statement_timestamp(), not now(): inside a caller's transaction (fenced()) now() is
@@ -133,6 +177,27 @@ class _PostgreSQL(_Dialect):
         options["options"] = f"{options.get('options', '')} {extra}".strip()
         return options
 
+    def clock_seed(self) -> tuple[str, list[Any]]:
+        return "(extract(epoch from clock_timestamp()) * 1000000)::bigint", []
+
+    def bound_transaction(
+        self, cursor: Any, connection: Any, seconds: float, saved: dict[str, Any]
+    ) -> None:
+        # Local to the transaction: they end with it, nothing to restore. The idle timeout
+        # ends the session of a holder frozen or cut off between two statements; the
+        # statement and lock timeouts a statement of it that runs or waits too long.
+        ms = str(math.ceil(seconds * 1000))
+        names = ["statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"]
+        if connection.pg_version >= 170000 and not saved:
+            # Counted from when it is first set (PostgreSQL ignores later changes while its
+            # timer runs): set once, at the start of the transaction, to the lease's time left.
+            names.append("transaction_timeout")
+            saved["transaction_timeout"] = None  # nothing to restore: a marker
+        cursor.execute(
+            "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in names),
+            [ms] * len(names),
+        )
+
 
 class _MySQL(_Dialect):
     returning = False
@@ -155,12 +220,51 @@ class _MySQL(_Dialect):
 
     def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
         options = dict(options)
-        seconds = max(1, math.ceil(timeout))
+        seconds = max(1, math.ceil(timeout))  # the drivers take whole seconds, at least 1
         options.setdefault("connect_timeout", seconds)
-        # libmysqlclient retries a timed-out read, so the effective bound is a few times this.
-        options.setdefault("read_timeout", max(1, math.ceil(timeout / 3)))
+        # libmysqlclient tries a timed-out read three times in all, so its effective bound
+        # is three times the option; MariaDB Connector/C (client version 3.x) gives up after
+        # one. Either way no less than 1 s per try.
+        tries = 1 if _mariadb_client() else 3
+        options.setdefault("read_timeout", max(1, math.ceil(timeout / tries)))
         options.setdefault("write_timeout", seconds)
+        # A lease statement waiting on a row lock gives up on the server too, not only in
+        # the client (InnoDB's default wait is 50 s). Both MySQL and MariaDB know it.
+        options.setdefault("init_command", f"SET SESSION innodb_lock_wait_timeout = {seconds}")
         return options
+
+    def clock_seed(self) -> tuple[str, list[Any]]:
+        # NOW(6) and UNIX_TIMESTAMP() both use the session time zone, which cancels out.
+        return "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)", []
+
+    def bound_transaction(
+        self, cursor: Any, connection: Any, seconds: float, saved: dict[str, Any]
+    ) -> None:
+        # Session variables (there is no SET LOCAL): saved once, restored by
+        # unbound_transaction(). MariaDB checks idle_transaction_timeout (and MySQL
+        # wait_timeout) before reading each command, so a change applies to the open
+        # transaction; these take whole seconds (max_statement_time takes fractions).
+        if connection.mysql_is_mariadb:
+            names = ["idle_transaction_timeout", "max_statement_time", "innodb_lock_wait_timeout"]
+        else:
+            names = ["wait_timeout", "innodb_lock_wait_timeout"]
+        if not saved:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in names))
+            saved.update(zip(names, cursor.fetchone(), strict=True))
+        whole = max(1, math.ceil(seconds))
+        values = {name: whole for name in names}
+        if "max_statement_time" in values:
+            values["max_statement_time"] = round(seconds, 3)  # type: ignore[assignment]
+        cursor.execute(
+            "SET " + ", ".join(f"SESSION {name} = %s" for name in names),
+            [values[name] for name in names],
+        )
+
+    def unbound_transaction(self, cursor: Any, saved: dict[str, Any]) -> None:
+        if saved:
+            cursor.execute(
+                "SET " + ", ".join(f"SESSION {name} = %s" for name in saved), list(saved.values())
+            )
 
 
 class _SQLite(_Dialect):
@@ -184,12 +288,30 @@ class _SQLite(_Dialect):
         options["timeout"] = min(float(options.get("timeout", timeout)), timeout)
         return options
 
+    def clock_seed(self) -> tuple[str, list[Any]]:
+        # SQLite's clock is this machine's (SQLite runs in this process), and its own
+        # 'now' has only millisecond resolution: this process's clock, in microseconds.
+        return "%s", [time.time_ns() // 1000]
+
 
 _DIALECTS: dict[str, type[_Dialect]] = {
     "postgresql": _PostgreSQL,
     "mysql": _MySQL,
     "sqlite": _SQLite,
 }
+
+
+def _mariadb_client() -> bool:
+    """Whether mysqlclient is built on MariaDB Connector/C (client version 3.x), whose
+    read_timeout is not tried three times as libmysqlclient's (5.x, 8.x, 9.x) is."""
+    try:
+        from MySQLdb import _mysql
+    except ImportError:  # pragma: no cover - another MySQL driver
+        return False
+    try:
+        return int(_mysql.get_client_info().split(".")[0]) < 5
+    except (AttributeError, ValueError):  # pragma: no cover
+        return False
 
 
 def _aware(value: Any) -> datetime | None:
@@ -268,6 +390,7 @@ class DatabaseBackend(Backend):
                 settings_dict, self.alias
             )
             self._local.wrapper = wrapper
+            _wrappers.add(wrapper)
         return wrapper
 
     def close(self) -> None:
@@ -359,20 +482,62 @@ class DatabaseBackend(Backend):
         with self._cursor(atomic=True) as cursor:
             lease = self._update(cursor, update, [holder, ttl_param, name], name)
             if lease is None:
-                # No row yet: create it, already held. The token continues from the
-                # history, so deleting a row by hand cannot make a token go backwards.
-                insert = d.insert_ignore(
-                    self._table,
-                    ", ".join(_COLUMNS),
-                    f"%s, %s, '', (SELECT COALESCE(MAX(token), 0) + 1 FROM {self._events} "
-                    f"WHERE name = %s), 1, {now}, {now}, {expiry}",
-                )
-                cursor.execute(insert, [name, holder, name, ttl_param])
-                if cursor.rowcount == 1:
+                # No row: a new name, or a row deleted by hand (SPEC rule 7).
+                top, released = 0, False
+                if self.history:
                     cursor.execute(
-                        f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name]
+                        f"SELECT token, kind FROM {self._events} WHERE name = %s "
+                        "ORDER BY token DESC, id DESC LIMIT 1",
+                        [name],
                     )
-                    lease = self._row(cursor.fetchone())
+                    last = cursor.fetchone()
+                    if last is not None:
+                        # A term that ended in release() leaves nobody believing it leads.
+                        top, released = int(last[0]), last[1] == "released"
+                if top > 0 and not released:
+                    # The history knows the name: its row was deleted, and its last holder
+                    # may still believe it leads. Re-create the row held by nobody until
+                    # the lock-delay is over; the token continues from the history.
+                    delay = lock_delay(ttl)
+                    insert = d.insert_ignore(
+                        self._table,
+                        ", ".join(_COLUMNS),
+                        f"%s, '', '', %s, 0, {now}, {now}, {expiry}",
+                    )
+                    cursor.execute(insert, [name, top, d.ttl_param(delay)])
+                    if cursor.rowcount == 1:
+                        logger.warning(
+                            "lease %r: its row was missing (deleted by hand?) although its "
+                            "history goes up to token %d; re-created held by nobody, no one "
+                            "may take it for the lock-delay of %.1fs (DJANGO_LEADER"
+                            "['LOCK_DELAY']), until any holder that still believes it leads "
+                            "has passed its deadline",
+                            name,
+                            top,
+                            delay,
+                            extra={"lease": name, "token": top},
+                        )
+                        return None, None
+                else:
+                    # A new name: token 1; a deleted row whose last term was released:
+                    # the next token after the history's; with HISTORY=False (nothing to
+                    # continue from, should the row ever be deleted) the server clock in
+                    # microseconds, which is past every token issued before.
+                    if self.history:
+                        seed, seed_params = "%s", [top + 1]
+                    else:
+                        seed, seed_params = d.clock_seed()
+                    insert = d.insert_ignore(
+                        self._table,
+                        ", ".join(_COLUMNS),
+                        f"%s, %s, '', {seed}, 1, {now}, {now}, {expiry}",
+                    )
+                    cursor.execute(insert, [name, holder, *seed_params, ttl_param])
+                    if cursor.rowcount == 1:
+                        cursor.execute(
+                            f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name]
+                        )
+                        lease = self._row(cursor.fetchone())
             if lease is None:
                 cursor.execute(
                     f"SELECT {self._select} FROM {self._table} "
@@ -548,24 +713,105 @@ class DatabaseBackend(Backend):
         ``lease.token``, unexpired by the server's clock; else ``LeadershipLost``. While the
         transaction is open, nobody can take the lease over (their ``UPDATE`` waits on the
         row lock), so the writes inside commit only under this token.
+
+        The transaction is bounded by the lease (SPEC rule 6): no statement of it starts
+        after the local deadline, nor does it commit then (``LeadershipLost``, rolled back),
+        and the server is told to end it should it still run or sit idle once the lease is
+        over (the lease's time left, at least ``FENCE_FLOOR`` (1 s), set again at most
+        ``FENCE_FLOOR`` apart): a holder frozen or cut off inside keeps the row locked no
+        longer than that. SQLite cannot do this last part (see docs/database-backend.md).
+
+        Outside an outer ``atomic()`` block, a connection that failed before is checked and
+        replaced if the server dropped it, and one that fails inside is closed, so that the
+        next call reconnects.
         """
         lease.check()
+        connection = connections[self.alias]
+        outermost = not connection.in_atomic_block
+        if outermost:
+            _recycle(connection)
+        fence = _Fence(self.dialect, connection, lease)
         now = self.dialect.now()
         where = f"name = %s AND holder = %s AND token = %s AND expires_at > {now}"
         params = [lease.name, lease.holder, lease.token]
-        with transaction.atomic(using=self.alias):
-            with connections[self.alias].cursor() as cursor:
-                if self.vendor == "sqlite":
-                    # SQLite has no row locks: a write takes the database's RESERVED lock,
-                    # which keeps every other writer out until this transaction ends.
-                    cursor.execute(f"UPDATE {self._table} SET token = token WHERE {where}", params)
-                    held = cursor.rowcount == 1
-                else:
-                    cursor.execute(f"SELECT 1 FROM {self._table} WHERE {where} FOR UPDATE", params)
-                    held = cursor.fetchone() is not None
-            if not held:
-                raise LeadershipLost(
-                    f"lease {lease.name!r} is no longer held by {lease.holder} with token "
-                    f"{lease.token}"
-                )
-            yield
+        try:
+            with transaction.atomic(using=self.alias), connection.execute_wrapper(fence):
+                with connection.cursor() as cursor:
+                    if self.vendor == "sqlite":
+                        # SQLite has no row locks: a write takes the database's RESERVED lock,
+                        # which keeps every other writer out until this transaction ends.
+                        cursor.execute(
+                            f"UPDATE {self._table} SET token = token WHERE {where}", params
+                        )
+                        held = cursor.rowcount == 1
+                    else:
+                        cursor.execute(
+                            f"SELECT 1 FROM {self._table} WHERE {where} FOR UPDATE", params
+                        )
+                        held = cursor.fetchone() is not None
+                if not held:
+                    raise LeadershipLost(
+                        f"lease {lease.name!r} is no longer held by {lease.holder} with token "
+                        f"{lease.token}"
+                    )
+                yield
+                fence.check("commit")
+        except (OperationalError, InterfaceError):
+            # The connection may be dead (the server restarted, killed it, or ended this
+            # transaction): a new one for the next call.
+            if outermost:
+                with suppress(DjangoDBError):
+                    connection.close()
+            raise
+        finally:
+            if fence.saved and connection.connection is not None:
+                with suppress(DjangoDBError), connection.cursor() as cursor:
+                    self.dialect.unbound_transaction(cursor, fence.saved)
+
+
+def _recycle(connection: Any) -> None:
+    """Close Django's ``connection`` if it failed before and the server no longer answers
+    on it (as ``close_if_unusable_or_obsolete()`` does between requests, without closing a
+    healthy connection for its age): the next statement then reconnects."""
+    if connection.connection is None or not connection.errors_occurred:
+        return
+    if connection.is_usable():
+        connection.errors_occurred = False
+    else:
+        with suppress(DjangoDBError):
+            connection.close()
+
+
+class _Fence:
+    """The execute wrapper of a fenced transaction: before each statement, refuse it once
+    the local deadline has passed, and (re)set the server's bounds on the transaction."""
+
+    def __init__(self, dialect: _Dialect, connection: Any, lease: Lease) -> None:
+        self.dialect = dialect
+        self.connection = connection
+        self.lease = lease
+        self.armed_at: float | None = None
+        #: What the dialect must restore once the transaction is over (MySQL: variables).
+        self.saved: dict[str, Any] = {}
+
+    def check(self, what: str) -> None:
+        if not self.lease.held:
+            raise LeadershipLost(
+                f"lease {self.lease.name!r} (token {self.lease.token}): local deadline passed "
+                f"inside fenced(), refusing to {what}; the transaction is rolled back"
+            )
+
+    def arm(self, raw_cursor: Any) -> None:
+        self.armed_at = clock()
+        seconds = max(FENCE_FLOOR, self.lease.time_left())
+        with self.connection.wrap_database_errors:
+            self.dialect.bound_transaction(raw_cursor, self.connection, seconds, self.saved)
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        self.check("run a statement")
+        if self.armed_at is None or clock() - self.armed_at >= FENCE_FLOOR:
+            self.arm(context["cursor"].cursor)
+        result = execute(sql, params, many, context)
+        if clock() - self.armed_at >= FENCE_FLOOR:  # type: ignore[operator]
+            self.arm(context["cursor"].cursor)  # a long statement: bound the idle after it
+        return result
