@@ -8,7 +8,6 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import suppress
 from typing import Any
 
@@ -17,7 +16,7 @@ from .backends.base import Backend
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
 from .exceptions import BackendUnavailable
 from .lease import Lease, _use_lease, clock
-from .locks import Renewer, StoreCaller, acquire_once, log_extra, resolve_backend
+from .locks import Renewer, StoreCaller, acquire_once, call_bound, log_extra, resolve_backend
 
 logger = logging.getLogger("django_leader")
 
@@ -100,6 +99,7 @@ class Elector:
         self._resign_backoff: float | None = None
         self._last_seen: Lease | None = None
         self._announce_due = 0.0
+        self._reader: StoreCaller | None = None  # for leader(), made on first use
 
     def __repr__(self) -> str:
         return f"<Elector {self.name!r} as {self.identity!r}>"
@@ -128,8 +128,23 @@ class Elector:
         return lease if lease is not None and lease.held else None
 
     def leader(self) -> Lease | None:
-        """Who holds the lease now, read from the store (a snapshot), or None."""
-        return self.backend.read(self.name)
+        """Who holds the lease now, read from the store (a snapshot), or None.
+
+        Bounded like every store call (SPEC rule 6): ``BackendUnavailable`` if the store
+        does not answer in time."""
+        with self._state:
+            reader = self._reader
+            if reader is None:
+                reader = self._reader = StoreCaller(self.backend, f"{self.name}:read")
+                # Its thread and connection end with this elector.
+                weakref.finalize(self, reader.close)
+        bound = call_bound(self.timing)
+        try:
+            return reader.call(bound, self.backend.read, self.name)
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"reading lease {self.name!r}: the store did not answer within {bound:.2f}s"
+            ) from None
 
     def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Block until this elector leads (True) or ``timeout`` passes (False)."""
@@ -232,18 +247,26 @@ class Elector:
 
     def _campaign(self, caller: StoreCaller) -> Lease | None:
         timing = self.timing
-        future = caller.submit(acquire_once, self.backend, self.name, self.identity, timing)
+        bound = timing.ttl - timing.safety_margin  # an answer after it could not be used
         try:
-            acquired, current = future.result(timeout=timing.ttl - timing.safety_margin)
-        except FutureTimeout:
-            # Still in flight: should it succeed after all, hand the lease back at once
-            # rather than hold it, unrenewed, until it expires.
-            def late(done: Future[tuple[Lease | None, Lease | None]]) -> None:
-                if done.exception() is None:
-                    self._hand_back(done.result()[0], caller)
-
-            future.add_done_callback(late)
-            logger.warning("campaign for %r timed out", self.name)
+            acquired, current = caller.call(
+                bound,
+                acquire_once,
+                self.backend,
+                self.name,
+                self.identity,
+                timing,
+                on_late=self._hand_back_late,
+            )
+        except TimeoutError:
+            # Left behind with its connection: the next attempt runs on a new one, and
+            # should this one succeed after all, it hands the lease back at once rather
+            # than hold it, unrenewed, until it expires.
+            logger.warning(
+                "campaign for %r timed out: the store did not answer within %.2fs",
+                self.name,
+                bound,
+            )
             return None
         except BackendUnavailable as exc:
             logger.warning("campaign for %r failed: %s", self.name, exc)
@@ -278,7 +301,13 @@ class Elector:
         ttl = max(self.timing.ttl, 3 * self.timing.retry_interval)
         self._announce_due = now + ttl / 3
         try:
-            future = caller.submit(self.backend.announce, self.name, self.identity, ttl)
+            future = caller.submit(
+                self.backend.announce,
+                self.name,
+                self.identity,
+                ttl,
+                bound=self.timing.call_timeout,
+            )
         except RuntimeError:  # the caller is closed by now
             return
         self._announcing = future
@@ -325,7 +354,21 @@ class Elector:
         """Release a lease this elector will not act on (it was answered too late)."""
         if acquired is not None:
             with suppress(RuntimeError):  # the caller may be closed by now
-                caller.submit(self.backend.release, acquired)
+                caller.submit(self.backend.release, acquired, bound=call_bound(self.timing))
+
+    def _hand_back_late(self, result: tuple[Lease | None, Lease | None]) -> None:
+        """A campaign that answered after the elector gave up on it: release the lease.
+        Runs on the thread left behind with the call (its connection answered)."""
+        acquired = result[0]
+        if acquired is not None:
+            self.backend.release(acquired)
+            logger.info(
+                "%s released %r (token %s): acquired after the campaign had given up",
+                self.identity,
+                self.name,
+                acquired.token,
+                extra=log_extra(acquired),
+            )
 
     def _observe(self, lease: Lease) -> None:
         self._last_seen = lease
@@ -412,7 +455,7 @@ class Elector:
         released = False
         if not (self._stop.is_set() and not self._release_on_stop):
             try:
-                released = caller.call(self.timing.call_timeout * 3, self.backend.release, lease)
+                released = caller.call(call_bound(self.timing), self.backend.release, lease)
             except (BackendUnavailable, TimeoutError) as exc:
                 logger.warning(
                     "could not release %r, it will expire: %s",

@@ -460,7 +460,9 @@ def test_short_ttl_gets_store_calls_bounded_by_its_own_deadline(db_alias: str) -
 
     with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
         short = Elector("short-ttl", ttl=1.0)
-        assert short.backend.timeout == pytest.approx(resolve_timing(1.0).call_timeout)
+        # Rounded down to a few steps (a bounded number of backends): never longer.
+        wanted = resolve_timing(1.0).call_timeout
+        assert wanted / 2 < short.backend.timeout <= wanted
         assert short.backend.timeout < 1.0 - short.timing.safety_margin
         assert lock("short-ttl", ttl=1.0).backend is short.backend
         default = Elector("default-ttl")

@@ -83,5 +83,5 @@ def test_renewer_reports_a_loss_a_reader_saw_first() -> None:
     renewer.stop()
     caller.close()
     assert reported == [lease]
-    caller._executor.shutdown(wait=True)
+    caller.shutdown(wait=True)
     assert store.events == ["lost"]

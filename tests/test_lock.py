@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -150,3 +153,158 @@ def test_one_lock_object_used_by_several_threads(backend: Any, lease_name: str) 
     assert errors == []
     assert len(tokens) == 2 and tokens == sorted(set(tokens))  # one after the other
     assert backend.read(lease_name) is None
+
+
+# -- reentrancy is per thread and per asyncio task, never across a fork (defect 9) ----------
+def _wait_child(pid: int, timeout: float = WAIT) -> int:
+    give_up = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= give_up:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("forked child did not finish")
+        time.sleep(0.02)
+
+
+def test_forked_child_does_not_reenter_its_parents_lock(backend: Any, lease_name: str) -> None:
+    with lock(lease_name, ttl=30, backend=backend) as lease:
+        pid = os.fork()
+        if pid == 0:  # the child: it must acquire for itself, and be refused
+            code = 3
+            try:
+                with lock(lease_name, blocking=False, backend=backend):
+                    code = 1
+            except LeaseHeld:
+                code = 0
+            except BaseException:
+                code = 2
+            finally:
+                os._exit(code)
+        assert _wait_child(pid) == 0, "the forked child entered its parent's lock"
+        assert lease.held
+        assert backend.read(lease_name).token == lease.token
+
+
+def test_forked_child_leaving_the_block_does_not_release_the_parents_lease(
+    backend: Any, lease_name: str
+) -> None:
+    held = lock(lease_name, ttl=30, backend=backend)
+    lease = held.__enter__()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child runs on through the end of the parent's block
+            code = 1
+            try:
+                held.__exit__(None, None, None)
+                code = 0
+            finally:
+                os._exit(code)
+        assert _wait_child(pid) == 0
+        current = backend.read(lease_name)
+        assert current is not None and current.token == lease.token, "child released it"
+        assert lease.held
+    finally:
+        held.__exit__(None, None, None)
+    assert backend.read(lease_name) is None
+
+
+def test_two_asyncio_tasks_are_two_holders(backend: Any, lease_name: str) -> None:
+    outcome: list[str] = []
+
+    async def main() -> None:
+        entered = asyncio.Event()
+        tried = asyncio.Event()
+
+        async def first() -> None:
+            with lock(lease_name, ttl=30, backend=backend):
+                entered.set()
+                await tried.wait()
+
+        async def second() -> None:
+            await entered.wait()
+            try:
+                with lock(lease_name, blocking=False, backend=backend):
+                    outcome.append("entered")
+            except LeaseHeld:
+                outcome.append("refused")
+            finally:
+                tried.set()
+
+        await asyncio.wait_for(asyncio.gather(first(), second()), WAIT)
+
+    asyncio.run(main())
+    assert outcome == ["refused"]
+    assert backend.read(lease_name) is None
+
+
+def test_nested_lock_in_one_task_reenters(backend: Any, lease_name: str) -> None:
+    async def main() -> bool:
+        with lock(lease_name, ttl=30, backend=backend) as outer:
+            await asyncio.sleep(0)
+            with lock(lease_name, blocking=False, backend=backend) as inner:
+                await asyncio.sleep(0)
+            # The inner exit did not release (no store call here: Django's ORM refuses
+            # to be called from a coroutine).
+            return inner is outer and outer.held
+
+    assert asyncio.run(main())
+    assert backend.read(lease_name) is None
+
+
+def test_thread_started_inside_a_lock_is_another_holder(backend: Any, lease_name: str) -> None:
+    outcome: list[str] = []
+
+    def contender() -> None:
+        try:
+            with lock(lease_name, backend=backend, blocking=False):
+                outcome.append("entered")
+        except LeaseHeld:
+            outcome.append("refused")
+        finally:
+            backend.close()
+
+    with lock(lease_name, ttl=30, backend=backend):
+        thread = threading.Thread(target=contender)
+        thread.start()
+        thread.join(WAIT)
+    assert outcome == ["refused"]
+
+
+def test_asyncio_to_thread_callers_never_both_inside(backend: Any, lease_name: str) -> None:
+    inside: list[int] = []
+    overlaps: list[int] = []
+    guard = threading.Lock()
+
+    def critical() -> None:
+        with lock(lease_name, ttl=30, timeout=WAIT, backend=backend):
+            with guard:
+                inside.append(1)
+                if len(inside) > 1:
+                    overlaps.append(len(inside))
+            time.sleep(0.05)  # stay inside a while, so that an overlap would show
+            with guard:
+                inside.pop()
+        backend.close()
+
+    async def main() -> None:
+        await asyncio.gather(*(asyncio.to_thread(critical) for _ in range(3)))
+
+    asyncio.run(main())
+    assert overlaps == []
+
+
+def test_refusal_without_holder_names_force_release_and_lock_delay(
+    backend: Any, lease_name: str
+) -> None:
+    """Refused with nobody holding it (acquire answered (None, None)): the message names
+    both reasons, a force-released term not over yet and the lock-delay."""
+    backend.acquire(lease_name, "someone-else", 30)
+    assert backend.force_release(lease_name, actor="test") is not None
+    with (
+        pytest.raises(LeaseHeld, match=r"(?s)force-released.*lock-delay"),
+        lock(lease_name, backend=backend, blocking=False),
+    ):
+        pytest.fail("entered the lease of a force-released term")

@@ -11,6 +11,10 @@ from django.utils.module_loading import import_string
 from ..conf import get_settings
 from .base import Backend
 
+#: Store-call timeouts shorter than the settings' are rounded down to this times a power of
+#: two (0.2 s is the shortest call timeout a Timing gives).
+TIMEOUT_STEP = 0.2
+
 _lock = threading.Lock()
 _shared: dict[tuple[str, float | None], Backend] = {}
 _shared_conf: object = None
@@ -22,7 +26,9 @@ def get_backend(path: str | None = None, *, timeout: float | None = None) -> Bac
     """The backend named by ``path`` (default: the ``BACKEND`` setting), shared per process.
 
     ``timeout`` bounds each store call when it is shorter than the settings' call timeout
-    (for an Elector or lock whose ttl is shorter than ``LEASE_TTL``).
+    (for an Elector or lock whose ttl is shorter than ``LEASE_TTL``). It is rounded down to
+    a power of two times :data:`TIMEOUT_STEP`, so that however many distinct ttls a
+    process uses, it keeps a few backends (each with its connections) per path.
     """
     global _shared_conf
     if _override is not None:
@@ -30,8 +36,8 @@ def get_backend(path: str | None = None, *, timeout: float | None = None) -> Bac
     conf = get_settings()
     what = "backend" if path else "DJANGO_LEADER['BACKEND']"
     path = path or conf.backend
-    if timeout is not None and timeout >= conf.timing.call_timeout:
-        timeout = None
+    if timeout is not None:
+        timeout = None if timeout >= conf.timing.call_timeout else timeout_bucket(timeout)
     key = (path, timeout)
     with _lock:
         if conf is not _shared_conf:  # the settings changed (tests): build anew
@@ -42,17 +48,27 @@ def get_backend(path: str | None = None, *, timeout: float | None = None) -> Bac
         return _shared[key]
 
 
+def timeout_bucket(timeout: float) -> float:
+    """The largest ``TIMEOUT_STEP * 2**k`` (k an integer, maybe negative) not above
+    ``timeout``: never longer than asked (SPEC rule 6), at most half as long."""
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0, got {timeout!r}")
+    bucket = TIMEOUT_STEP
+    while bucket > timeout:
+        bucket /= 2
+    while bucket * 2 <= timeout:
+        bucket *= 2
+    return bucket
+
+
 def _load(path: str, timeout: float | None, what: str) -> Backend:
     try:
         cls = import_string(path)
     except ImportError as exc:
-        raise ImproperlyConfigured(
-            f"{what} {path!r} cannot be imported: {exc}"
-        ) from exc
+        raise ImproperlyConfigured(f"{what} {path!r} cannot be imported: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ImproperlyConfigured(
-            f"{what} {path!r} must name a "
-            "django_leader.backends.base.Backend subclass"
+            f"{what} {path!r} must name a django_leader.backends.base.Backend subclass"
         )
     factory: Any = cls  # the contract does not fix constructor arguments; ours take timeout
     return factory() if timeout is None else factory(timeout=timeout)

@@ -1,0 +1,401 @@
+"""SPEC rule 6: no store call of lock() or of the Elector is unbounded.
+
+A store whose connection freezes (a PostgreSQL backend process stopped with SIGSTOP, a TCP
+peer that accepts and never answers: libpq has no read timeout) must not hang lock() nor
+the Elector, and the next call must not queue behind the hung one. The faults are real: a
+TCP proxy made by the test stops forwarding (the store itself answers every other
+connection), or the test SIGSTOPs the PostgreSQL server process of one of its own
+connections (never the whole shared server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.db.backends.signals import connection_created
+
+from django_leader import BackendUnavailable, Elector, LeaseHeld, lock
+from django_leader.backends.base import Backend
+from django_leader.backends.db import DatabaseBackend
+from tests.conftest import history, require, stores_db
+
+pytestmark = stores_db
+
+WAIT = 10.0  # generous bound for anything that should happen "soon"
+TTL = 1.5
+
+
+def until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+class FreezingProxy:
+    """A TCP proxy to a real server that can stop answering, as a frozen server does.
+
+    ``freeze_existing()``: the connections made so far stop forwarding (their sockets stay
+    open: the client's kernel sees the data acknowledged, and no answer ever comes), while
+    new connections still reach the server. ``freeze()``: the same, and new connections are
+    accepted but never answered.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._pairs: list[tuple[threading.Event, socket.socket]] = []  # (frozen, waker)
+        self._frozen_new = False
+        self._pending: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name="freezing-proxy", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    return
+                self._sockets.append(client)
+                if self._frozen_new:
+                    self._pending.append(client)  # accepted, not answered (yet)
+                    continue
+                self._forward(client)
+
+    def _forward(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.upstream, timeout=WAIT)
+        upstream.settimeout(None)
+        wake_r, wake_w = socket.socketpair()
+        self._sockets += [upstream, wake_r, wake_w]
+        frozen = threading.Event()
+        self._pairs.append((frozen, wake_w))
+        threading.Thread(
+            target=self._pump, args=(client, upstream, wake_r, frozen), daemon=True
+        ).start()
+
+    def answer_new(self) -> None:
+        """New connections reach the server again, those accepted meanwhile included
+        (what they sent waited in their socket)."""
+        with self._lock:
+            self._frozen_new = False
+            pending, self._pending = self._pending, []
+            for client in pending:
+                self._forward(client)
+
+    @staticmethod
+    def _pump(
+        a: socket.socket, b: socket.socket, wake: socket.socket, frozen: threading.Event
+    ) -> None:
+        peer = {a: b, b: a}
+        with contextlib.suppress(OSError, ValueError):
+            while not frozen.is_set():
+                ready, _, _ = select.select([a, b, wake], [], [])
+                if frozen.is_set() or wake in ready:
+                    return  # stop forwarding; the sockets stay open
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peer[sock].sendall(data)
+
+    def freeze_existing(self) -> None:
+        with self._lock:
+            for frozen, wake in self._pairs:
+                frozen.set()
+                with contextlib.suppress(OSError):
+                    wake.send(b"x")
+
+    def freeze(self) -> None:
+        with self._lock:
+            self._frozen_new = True
+        self.freeze_existing()
+
+    def close(self) -> None:
+        """Close every socket: what hangs on them fails at once."""
+        self.freeze()
+        with self._lock:
+            self._closed = True
+            sockets, self._sockets = self._sockets, []
+        self.listener.close()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+class ProxiedBackend(DatabaseBackend):
+    """A DatabaseBackend on ``alias`` whose connections go through a :class:`FreezingProxy`."""
+
+    def __init__(self, alias: str, port: int, timeout: float | None = None) -> None:
+        super().__init__(alias, timeout=timeout)
+        self.port = port
+
+    def _connection(self) -> Any:
+        wrapper = super()._connection()
+        if wrapper.connection is None:  # not connected yet: connect through the proxy
+            wrapper.settings_dict.update(HOST="127.0.0.1", PORT=str(self.port))
+        return wrapper
+
+
+def proxied_database(alias: str) -> Iterator[tuple[ProxiedBackend, FreezingProxy]]:
+    require(alias)
+    settings_dict = connections[alias].settings_dict
+    proxy = FreezingProxy(settings_dict["HOST"] or "127.0.0.1", int(settings_dict["PORT"]))
+    try:
+        yield ProxiedBackend(alias, proxy.port), proxy
+    finally:
+        proxy.close()
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def proxied(request: pytest.FixtureRequest) -> Iterator[tuple[ProxiedBackend, FreezingProxy]]:
+    """A database backend whose connections go through a FreezingProxy."""
+    yield from proxied_database(request.param)
+
+
+@pytest.fixture(params=["postgresql", "mysql", "redis"])
+def proxied_store(
+    request: pytest.FixtureRequest, settings: Any
+) -> Iterator[tuple[Backend, FreezingProxy]]:
+    """A backend of each store through a FreezingProxy (Redis: a cache alias on its port)."""
+    if request.param != "redis":
+        yield from proxied_database(request.param)
+        return
+    require("redis", kind="cache")
+    from django_leader.backends.cache import CacheBackend
+
+    real = settings.CACHES["redis"]
+    host, port = real["LOCATION"].split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    proxy = FreezingProxy(host, int(port))
+    settings.CACHES = {
+        **settings.CACHES,
+        "frozen-redis": {
+            **real,
+            "LOCATION": f"redis://127.0.0.1:{proxy.port}/9",
+            "KEY_PREFIX": "django_leader_test_frozen",
+        },
+    }
+    try:
+        yield CacheBackend("frozen-redis"), proxy
+    finally:
+        proxy.close()
+
+
+def in_thread(
+    fn: Callable[[], Any], name: str = "call-bounds-test"
+) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a daemon thread; its outcome (return value or exception) lands in the list."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def renewed(lease: Any) -> Callable[[], bool]:
+    first = lease.expires_at
+    return lambda: lease.expires_at != first or lease.lost.is_set()
+
+
+def test_lock_does_not_hang_on_a_frozen_server(
+    proxied_store: tuple[Backend, FreezingProxy], lease_name: str
+) -> None:
+    store, proxy = proxied_store
+
+    def scenario() -> Any:
+        with lock(lease_name, ttl=2, backend=store):
+            pass  # the store answered: connections are open
+        proxy.freeze()
+        with lock(f"{lease_name}-2", ttl=2, blocking=False, backend=store):
+            return "entered"
+
+    thread, outcome = in_thread(scenario)
+    thread.join(WAIT)
+    assert not thread.is_alive(), "lock() hung on a frozen server"
+    assert len(outcome) == 1 and isinstance(outcome[0], (BackendUnavailable, LeaseHeld)), outcome
+
+
+def test_acquisition_given_up_then_answered_late_is_handed_back(
+    proxied: tuple[ProxiedBackend, FreezingProxy], lease_name: str
+) -> None:
+    """lock() gives up on an acquisition the store has not answered; when the store
+    answers after all (and grants it), the lease is released at once, not held."""
+    _, proxy = proxied
+    # The store's own timeouts (connect, statement) far longer than lock()'s bound.
+    slow = ProxiedBackend(proxied[0].alias, proxy.port, timeout=60)
+    direct = DatabaseBackend(proxied[0].alias)
+    other, _ = direct.acquire(lease_name, "other", 60)
+    assert other is not None
+    proxy.freeze()
+
+    def attempt() -> Any:
+        with lock(lease_name, ttl=2, blocking=False, identity="late", backend=slow):
+            return "entered"
+
+    thread, outcome = in_thread(attempt)
+    thread.join(WAIT)
+    assert not thread.is_alive(), "lock() hung on a frozen server"
+    assert len(outcome) == 1 and isinstance(outcome[0], BackendUnavailable), outcome
+    assert direct.release(other)
+    proxy.answer_new()  # the attempt reaches the store now, and wins the free lease
+
+    def kinds() -> list[tuple[str, str]]:
+        return [event[:2] for event in history(direct, lease_name)]
+
+    handed_back = [("acquired", "other"), ("released", "other")]
+    handed_back += [("acquired", "late"), ("released", "late")]
+    assert until(lambda: kinds() == handed_back), kinds()
+    assert direct.read(lease_name) is None
+    direct.close()
+
+
+def test_lock_exit_does_not_hang_after_its_connection_froze(
+    proxied_store: tuple[Backend, FreezingProxy], lease_name: str
+) -> None:
+    """The connections in use freeze (new ones still work): the lease is lost at its
+    deadline, the block's exit returns, and the next lock() is served on a new connection."""
+    store, proxy = proxied_store
+
+    def scenario() -> Any:
+        with lock(lease_name, ttl=TTL, backend=store) as lease:
+            assert until(renewed(lease)), "no renewal"
+            proxy.freeze_existing()
+            assert lease.lost.wait(WAIT), "lease not lost although its renewals hang"
+        with lock(lease_name, ttl=TTL, timeout=WAIT, backend=store) as again:
+            return again.token > lease.token
+
+    thread, outcome = in_thread(scenario)
+    thread.join(3 * WAIT)
+    assert not thread.is_alive(), "lock() hung on a frozen connection"
+    assert outcome == [True]
+
+
+def test_elector_is_elected_again_while_its_old_connection_stays_frozen(
+    proxied_store: tuple[Backend, FreezingProxy], lease_name: str
+) -> None:
+    store, proxy = proxied_store
+    elector = Elector(lease_name, backend=store, ttl=TTL, renew_interval=0.3, retry_interval=0.1)
+    elector.start()
+    try:
+        assert elector.wait_for_leadership(WAIT)
+        first = elector.lease
+        assert first is not None and until(renewed(first))
+        proxy.freeze_existing()
+        assert first.lost.wait(WAIT), "leadership not lost although renewals hang"
+        # The campaign must not queue behind the hung renewal: it runs on a new
+        # connection, and wins once the store expired the old lease.
+        assert until(lambda: elector.lease is not None, 3 * WAIT), "never elected again"
+        assert elector.lease is not None and elector.lease.token > first.token
+    finally:
+        stopped, _ = in_thread(lambda: elector.stop(timeout=WAIT))
+        stopped.join(2 * WAIT)
+    assert not stopped.is_alive(), "Elector.stop() hung"
+
+
+@contextlib.contextmanager
+def pg_pids_of_threads(marker: str) -> Iterator[list[int]]:
+    """The server process ids of the PostgreSQL connections opened meanwhile by threads whose
+    name contains ``marker`` (this test's own connections, nobody else's)."""
+    pids: list[int] = []
+
+    def created(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.vendor == "postgresql" and marker in threading.current_thread().name:
+            pids.append(connection.connection.info.backend_pid)
+
+    connection_created.connect(created)
+    try:
+        yield pids
+    finally:
+        connection_created.disconnect(created)
+
+
+def test_lock_survives_a_frozen_postgresql_backend_process(lease_name: str) -> None:
+    """SIGSTOP of the server processes of this lock's connections (not the server)."""
+    require("postgresql")
+    store = DatabaseBackend("postgresql")
+    stopped: list[int] = []
+    with pg_pids_of_threads(lease_name) as pids:
+
+        def scenario() -> Any:
+            with lock(lease_name, ttl=TTL, backend=store) as lease:
+                assert until(renewed(lease)), "no renewal"
+                assert pids, "no connection seen"
+                for pid in list(pids):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                lease.lost.wait(WAIT)  # lost when its connection is the frozen one
+            with lock(lease_name, ttl=TTL, timeout=WAIT, backend=store) as again:
+                return again.token > lease.token
+
+        try:
+            thread, outcome = in_thread(scenario, name=f"test:{lease_name}")
+            thread.join(3 * WAIT)
+            assert not thread.is_alive(), "lock() hung on a frozen PostgreSQL backend"
+            assert outcome == [True]
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            thread.join(WAIT)
+    assert stopped
+
+
+def test_elector_survives_a_frozen_postgresql_backend_process(lease_name: str) -> None:
+    require("postgresql")
+    store = DatabaseBackend("postgresql")
+    stopped: list[int] = []
+    with pg_pids_of_threads(lease_name) as pids:
+        elector = Elector(
+            lease_name, backend=store, ttl=TTL, renew_interval=0.3, retry_interval=0.1
+        )
+        elector.start()
+        try:
+            assert elector.wait_for_leadership(WAIT)
+            first = elector.lease
+            assert first is not None and until(renewed(first)) and pids
+            for pid in list(pids):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            assert first.lost.wait(WAIT)
+            assert until(lambda: elector.lease is not None, 3 * WAIT), "never elected again"
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            elector.stop(timeout=WAIT)
+    assert stopped
+
+
+# -- get_backend() keeps a bounded number of backends (defect 10) ---------------------------
+def test_distinct_short_ttls_share_few_backends() -> None:
+    locks = [lock("bounded-cache", ttl=0.5 + i / 1000) for i in range(1000)]
+    backends = {id(each.backend) for each in locks}
+    assert len(backends) <= 12, f"{len(backends)} backends for 1000 ttls"
+    # Each still bounds its store calls below its own deadline (SPEC rule 6).
+    for each in locks[::97]:
+        assert each.backend.timeout <= each.timing.call_timeout  # type: ignore[attr-defined]
