@@ -3,10 +3,17 @@
 ``runleader`` cannot protect the lease from its own payload when it is frozen (SIGSTOP, a
 long GC or swap pause) or killed: a frozen process kills nothing. So the payload runs
 under this guard, a separate process that imports nothing but the standard library and is
-told, through a pipe, each new lease deadline:
+told, through a pipe on its stdin, each new lease deadline.
 
-* ``D <seconds>``: the lease is valid for this many more seconds (sent after every
-  successful renewal; the guard keeps its own monotonic deadline);
+The protocol. Deadlines are *absolute* times on the boot clock (``CLOCK_BOOTTIME``, the
+clock of ``django_leader.lease.clock``; ``time.monotonic`` where there is none). That
+clock is system-wide, so runleader and the guard read the same one, and a deadline that
+spent time in the pipe, or in the guard's start-up, is not made later by that delay:
+
+* ``--deadline T`` on the command line: the lease's deadline when the payload is started.
+  If it has already passed, the payload is not started at all;
+* ``D T`` (a line on stdin): the lease was renewed, its deadline is now ``T``; sent after
+  every successful renewal. A ``T`` already past makes the guard kill at once;
 * ``T``: stop the payload gracefully: SIGTERM, then SIGKILL after ``--grace`` seconds.
 
 The guard SIGKILLs the payload's whole process group the moment the last deadline passes
@@ -14,20 +21,29 @@ without a new one (the parent is frozen, or lost the lease), and stops it as for
 the pipe closes (the parent died). It exits with the payload's exit status (128 + signal
 number if it was killed by a signal), so the parent sees what the payload did.
 
-Run as ``python path/to/supervisor.py --deadline S --grace G -- CMD ARGS...`` (by path, so
-that it imports nothing but the standard library).
+If the guard itself dies (SIGKILL, OOM killer), the payload does not outlive it: on Linux
+the payload is started with the parent-death signal ``SIGKILL`` (``PR_SET_PDEATHSIG``),
+set just before exec. With ``--pid-fd N`` the payload writes its pid (which is also its
+process group id: it leads a session of its own) as one line to descriptor N before exec,
+so that runleader can kill what the payload started and confirm the group is gone before
+it lets the lease go.
+
+Run as ``python path/to/supervisor.py --deadline T --grace G [--pid-fd N] -- CMD ARGS...``
+(by path, so that it imports nothing but the standard library).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 POLL = 0.05  # seconds between checks of the payload, the pipe and the clock
 
@@ -45,25 +61,72 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _default_signals() -> None:
-    """In the payload, before exec: ignored signals would stay ignored across exec."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def supervise(cmd: list[str], deadline_in: float, grace: float) -> int:
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's prctl() on Linux, else None (loaded before the fork, not in the child)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _payload_setup(guard_pid: int, pid_fd: int | None) -> Callable[[], None]:
+    """What the payload does between fork and exec (the guard is single-threaded, so
+    this runs safely; and the guard forks from its main thread, the thread whose exit
+    the parent-death signal follows)."""
+    prctl = _load_prctl()
+
+    def setup() -> None:
+        # Ignored signals would stay ignored across exec.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os.write(2, b"django_leader.supervisor: prctl(PR_SET_PDEATHSIG) failed\n")
+            os._exit(126)
+        if os.getppid() != guard_pid:
+            os._exit(128 + signal.SIGKILL)  # the guard died before the signal was armed
+        if pid_fd is not None:
+            os.write(pid_fd, f"{os.getpid()}\n".encode())
+
+    return setup
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None = None) -> int:
+    """Run ``cmd`` until it exits, is stopped, or ``deadline`` (absolute, on
+    :func:`clock`) passes without a new one."""
     # The guard must outlive a SIGTERM/SIGINT sent to runleader's process group: the
     # parent decides, and tells it through the pipe (or by closing it).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    deadline = clock() + deadline_in
+    if clock() >= deadline:
+        _close(pid_fd)
+        sys.stderr.write(
+            "django_leader.supervisor: lease deadline passed before the payload started\n"
+        )
+        return 128 + signal.SIGKILL
     try:
         child = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_signals
+            cmd,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_payload_setup(os.getpid(), pid_fd),
         )
     except OSError as exc:  # as a shell says it, with a shell's status
         sys.stderr.write(f"django_leader.supervisor: cannot run {cmd[0]}: {exc.strerror}\n")
         return 126 if isinstance(exc, PermissionError) else 127
+    finally:
+        _close(pid_fd)
     pgid = child.pid  # start_new_session: the payload leads its own process group
     stdin = sys.stdin.buffer
     buffer = b""
@@ -115,21 +178,22 @@ def supervise(cmd: list[str], deadline_in: float, grace: float) -> int:
             if not parts:
                 continue
             if parts[0] == "D" and len(parts) == 2:
-                deadline = clock() + float(parts[1])
+                deadline = float(parts[1])
             elif parts[0] == "T":
                 terminate("asked to stop")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m django_leader.supervisor")
-    parser.add_argument("--deadline", type=float, required=True)
+    parser.add_argument("--deadline", type=float, required=True, help="absolute, on clock()")
     parser.add_argument("--grace", type=float, required=True)
+    parser.add_argument("--pid-fd", type=int, help="the payload writes its pid here")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("no command")
-    return supervise(cmd, args.deadline, args.grace)
+    return supervise(cmd, args.deadline, args.grace, args.pid_fd)
 
 
 if __name__ == "__main__":

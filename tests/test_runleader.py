@@ -475,3 +475,94 @@ def test_on_exit_restart_backs_off_and_keeps_the_lease(
 
     wait_for(kinds, what="the acquisition in the history")
     assert kinds() == ["acquired"]
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rpartition(")")[2].split()[1])
+
+
+def test_sigkill_of_the_guard_kills_the_payload_before_another_starts(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    """kill -9 of the guard alone: its payload, and what the payload started, die before
+    runleader lets the lease go (SPEC rule 8). The writer runs under a shell, so that a
+    process of the payload's group that is not the guard's child is there to be killed."""
+    out = tmp_path / "writes.txt"
+    writer = f"{sys.executable} {ROOT / 'tests' / 'payload_writer.py'} {out}"
+    for identity in ("r1", "r2"):
+        fleet.start(
+            identity, lease_name, *TIMING, "--grace", str(GRACE),
+            "--", "sh", "-c", f"{writer} & wait",
+        )  # fmt: skip
+    first = wait_for(lambda: lines(out), what="the first payload")[0]
+    leader = current_leader(fleet, lease_name)
+    guard = parent_of(parent_of(first[0]))  # writer -> sh -> guard
+    assert guard != fleet.procs[leader].pid
+    try:
+        os.kill(guard, signal.SIGKILL)
+        after = next_writer(out, first)
+        # A few more writes by the new payload: the old one, were it alive, would write too.
+        wait_for(lambda: len([r for r in lines(out) if r[1] > first[1]]) >= 3, what="writes")
+        old_last = max(t for pid, _, t in lines(out) if pid == first[0])
+        assert old_last < after[0][2], f"the old payload wrote after the new one: {lines(out)}"
+        assert not alive(first[0])
+        assert_one_writer_at_a_time(lines(out))
+        assert fleet.procs[leader].poll() is None  # the old leader campaigns on
+        assert "was killed by signal 9" in fleet.log(leader), fleet.log(leader)
+    finally:
+        if alive(first[0]):
+            os.kill(first[0], signal.SIGKILL)
+
+
+def test_sigkill_of_runleader_kills_a_payload_deaf_to_sigterm_by_the_deadline(
+    fleet: Fleet, lease_name: str, tmp_path: Path
+) -> None:
+    """The reverse: runleader killed, its guard outlives it. The payload ignores SIGTERM
+    and the grace is far longer than the TTL: the guard SIGKILLs it at the lease's
+    deadline, before anyone else can be elected."""
+    out = tmp_path / "writes.txt"
+    writer = f"exec {sys.executable} {ROOT / 'tests' / 'payload_writer.py'} {out}"
+    for identity in ("r1", "r2"):
+        fleet.start(
+            identity, lease_name, *TIMING, "--grace", "60",
+            "--", "sh", "-c", f"trap '' TERM; {writer}",
+        )  # fmt: skip
+    first = wait_for(lambda: lines(out), what="the first payload")[0]
+    leader = current_leader(fleet, lease_name)
+    try:
+        fleet.procs[leader].kill()
+        after = next_writer(out, first)
+        old_last = max(t for pid, _, t in lines(out) if pid == first[0])
+        assert old_last < after[0][2], f"the old payload wrote after the new one: {lines(out)}"
+        assert not alive(first[0])
+        assert_one_writer_at_a_time(lines(out))
+        assert "lease deadline passed" in fleet.log(leader), fleet.log(leader)
+    finally:
+        if alive(first[0]):
+            os.kill(first[0], signal.SIGKILL)
+
+
+def test_a_kept_lease_is_not_released_by_a_later_stop(store: Any, lease_name: str) -> None:
+    """runleader's work thread, unable to confirm a payload gone, stops without releasing;
+    a SIGTERM the main loop turns into a plain stop just after must not undo that (the
+    Elector keeps the last stop()'s word on releasing)."""
+    from django_leader.elector import Elector
+    from django_leader.management.commands.runleader import Command
+
+    command = Command()
+    command.elector = elector = Elector(
+        lease_name, identity="keeper", backend=store,
+        ttl=TTL, renew_interval=RENEW, retry_interval=RETRY,
+    )  # fmt: skip
+
+    def work(lease: Any) -> None:
+        command.stop_elector(release=False)  # as after a failed kill_group()
+        command.stop_elector()  # the main loop, on SIGTERM
+
+    thread = elector.start(work)
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    lease = store.read(lease_name)
+    assert lease is not None and lease.holder == "keeper", lease
+    assert "released" not in [event[0] for event in history(store, lease_name)]

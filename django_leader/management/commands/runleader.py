@@ -16,11 +16,13 @@ import contextlib
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -40,6 +42,9 @@ ON_EXIT = ("release", "restart", "exit")
 MAX_BACKOFF = 60.0
 #: A payload that ran this long is not crash-looping: its next back-off starts afresh.
 STABLE_RUN = 30.0
+#: Seconds runleader waits, once the guard is gone, for the SIGKILLed processes of the
+#: payload's group to be gone; past it, it exits without releasing the lease.
+KILL_WAIT = 5.0
 
 
 def option_names(message: str) -> str:
@@ -61,6 +66,11 @@ class Command(BaseCommand):
         "Campaign for lease NAME and run a payload only while elected: --call dotted.path, "
         "-- CMD ARGS..., or --beat [celery beat options]."
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stop_lock = threading.Lock()
+        self.keep_lease = False  # set for good once a payload could not be confirmed gone
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="the lease to campaign for")
@@ -151,6 +161,16 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
+    def stop_elector(self, release: bool = True) -> None:
+        """Stop campaigning; ``release=False`` is for good. ``Elector.stop`` keeps the last
+        word on releasing, so a SIGTERM handled by the main loop just after the work thread
+        found a payload it cannot confirm gone would turn that "do not release" back into
+        a release (SPEC rule 8). Both threads stop through here, under a lock."""
+        with self._stop_lock:
+            if not release:
+                self.keep_lease = True
+            self.elector.stop(release=not self.keep_lease, timeout=0)
+
     def _configure_logging(self, verbosity: int) -> None:
         package_logger = logging.getLogger("django_leader")
         if not package_logger.handlers and not logging.getLogger().handlers:
@@ -185,7 +205,7 @@ class Command(BaseCommand):
                         "signal received: stopping the payload, then releasing %r",
                         self.elector.name,
                     )
-                    self.elector.stop(timeout=0)
+                    self.stop_elector()
                 overdue = self.runner.overdue()
                 if overdue is not None:
                     logger.error(
@@ -268,11 +288,74 @@ def beat_command(
     return [sys.executable, "-m", "celery", *app, "beat", *rest]
 
 
-def until_deadline(lease: Lease) -> float:
-    """Seconds to the lease's local deadline. Not ``lease.time_left()``, which is 0 once
-    ``lost`` is set: while a stopping payload winds down, the lease is still renewed and
-    the deadline still moves, and the guard must wait for ``--grace``, not kill at once."""
-    return 0.0 if lease.deadline is None else max(0.0, lease.deadline - clock())
+def guard_deadline(lease: Lease) -> str:
+    """The lease's local deadline as the guard is told it: absolute, on the boot clock
+    (``lease.clock``, which the guard reads too), exactly (``repr``). Not derived from
+    ``lease.time_left()``, which is 0 once ``lost`` is set: while a stopping payload winds
+    down, the lease is still renewed and the deadline still moves, and the guard must wait
+    for ``--grace``, not kill at once. A lease without a deadline is already over."""
+    return repr(0.0 if lease.deadline is None else lease.deadline)
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that are not zombies (a zombie runs no
+    code). From ``/proc``; without it, ``[pgid]`` while the group can be signalled."""
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                # After the command's ")": state, ppid, pgrp, ...
+                fields = stat.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
+
+
+def kill_group(pgid: int, give_up: float) -> bool:
+    """SIGKILL process group ``pgid`` until none of its processes is left alive; False if
+    some still are at ``give_up`` (on :func:`clock`). The group id is only signalled
+    while the scan finds live members, so it is still in use, not a recycled pid."""
+    while members := live_members(pgid):
+        if clock() >= give_up:
+            logger.error("payload process group %s still alive: pids %s", pgid, members)
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.01)  # SIGKILL is not instant; there is no event to wait for
+    return True
+
+
+def read_payload_pid(fd: int, give_up: float) -> int | None:
+    """The pid the payload wrote to the guard's ``--pid-fd`` (None if it never got so
+    far), read to end of file, which comes once the guard and the payload closed it."""
+    data = b""
+    try:
+        while clock() < give_up:
+            ready, _, _ = select.select([fd], [], [], max(0.0, give_up - clock()))
+            if not ready:
+                break
+            chunk = os.read(fd, 64)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    text = data.decode(errors="replace").strip()
+    return int(text) if text.isdigit() else None
 
 
 class PayloadRunner:
@@ -366,7 +449,7 @@ class PayloadRunner:
                     "payload exited with %s; releasing and exiting (--on-exit=exit)", status
                 )
                 self.command.exit_code = status
-                elector.stop(timeout=0)
+                self.command.stop_elector()
                 return
             logger.info(
                 "payload exited with %s; releasing the lease, campaigning again in %.1fs",
@@ -384,21 +467,33 @@ class PayloadRunner:
             "DJANGO_LEADER_TOKEN": str(lease.token),
             "DJANGO_LEADER_HOLDER": lease.holder,
         }
-        guard = self.guard = subprocess.Popen(
-            # By path, not -m: the guard then imports nothing but the standard library.
-            [
-                sys.executable,
-                supervisor.__file__,
-                "--deadline",
-                f"{until_deadline(lease):.3f}",
-                "--grace",
-                str(self.command.grace),
-                "--",
-                *self.child,
-            ],
-            stdin=subprocess.PIPE,
-            env=env,
-        )
+        # The payload writes its pid (= its process group id) here before exec, so that
+        # runleader can finish it off should the guard die under it.
+        pid_read, pid_write = os.pipe()
+        try:
+            guard = self.guard = subprocess.Popen(
+                # By path, not -m: the guard then imports nothing but the standard library.
+                [
+                    sys.executable,
+                    supervisor.__file__,
+                    "--deadline",
+                    guard_deadline(lease),
+                    "--grace",
+                    str(self.command.grace),
+                    "--pid-fd",
+                    str(pid_write),
+                    "--",
+                    *self.child,
+                ],
+                stdin=subprocess.PIPE,
+                env=env,
+                pass_fds=(pid_write,),
+            )
+        except BaseException:
+            os.close(pid_read)
+            raise
+        finally:
+            os.close(pid_write)
         assert guard.stdin is not None
         logger.info(
             "payload started: %s (guard pid %s, token %s)",
@@ -418,13 +513,31 @@ class PayloadRunner:
                 # the guard's deadline moves with it; after a loss it no longer does.
                 if lease.deadline != told:
                     told = lease.deadline
-                    guard.stdin.write(f"D {until_deadline(lease):.3f}\n".encode())
+                    guard.stdin.write(f"D {guard_deadline(lease)}\n".encode())
                     guard.stdin.flush()
             except (BrokenPipeError, ValueError):
                 pass  # the guard is exiting; poll() tells
             lease.lost.wait(0.05)
         status = guard.returncode
         guard.stdin.close()
+        if status < 0:  # the guard never dies of a signal on its own: it was killed
+            logger.error(
+                "guard pid %s was killed by signal %s: killing its payload", guard.pid, -status
+            )
+            status = 128 - status
+        # However the guard ended, nothing of the payload may outlive it (SPEC rule 8): the
+        # lease is released or handed on only once the payload's group is confirmed gone.
+        give_up = clock() + KILL_WAIT
+        payload = read_payload_pid(pid_read, give_up)
+        if payload is not None and not kill_group(payload, give_up):
+            logger.error(
+                "cannot confirm that the payload is gone: exiting without releasing %r, "
+                "which expires on its own",
+                lease.name,
+            )
+            self.command.exit_code = 1
+            self.command.stop_elector(release=False)
+            return status, True
         logger.info("payload stopped: guard pid %s exited with %s", guard.pid, status)
         # `held`, not `lost`: the guard may have killed the payload at the deadline before
         # the renewer thread noticed that it passed.
