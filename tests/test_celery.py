@@ -8,6 +8,7 @@ The same behaviour with real ``celery worker`` and ``celery beat`` processes is 
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import threading
 import time
@@ -297,7 +298,7 @@ def test_release_abandoned_frees_only_a_dead_executions_lock(store: Any) -> None
     task_id = str(uuid.uuid4())
     task = whoami
     assert singleton_spec(task) is not None
-    holder = f"{task_id}@somehost:{dead.pid}"
+    holder = f"{task_id}@{socket.gethostname()}:{dead.pid}"
     store.acquire(f"unit-{name}", holder, 30)
     # Another execution's id: not released.
     thread = release_abandoned(task, str(uuid.uuid4()), (name,), {})
@@ -307,6 +308,59 @@ def test_release_abandoned_frees_only_a_dead_executions_lock(store: Any) -> None
     thread = release_abandoned(task, task_id, (name,), {})
     assert thread is not None
     thread.join(10)
+    assert store.read(f"unit-{name}") is None
+
+
+def test_release_abandoned_leaves_another_hosts_lock_to_expire(store: Any) -> None:
+    """The pid in the holder is another host's: whether a process with that number runs
+    here says nothing about it (issue 10, defect 10)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # no such process here...
+    name = tag()
+    task_id = str(uuid.uuid4())
+    store.acquire(f"unit-{name}", f"{task_id}@another-{socket.gethostname()}:{dead.pid}", 30)
+    thread = release_abandoned(whoami, task_id, (name,), {})
+    assert thread is not None
+    thread.join(10)
+    assert not thread.is_alive()
+    held = store.read(f"unit-{name}")  # ...but on the other host it may well run
+    assert held is not None and held.holder.startswith(f"{task_id}@another-")
+
+
+def test_a_redelivered_task_waits_out_its_own_abandoned_lease(store: Any) -> None:
+    """A message redelivered after its worker died (acks_late) meets the lock of its own
+    dead execution: it waits for that lease to end, then runs; it is not skipped
+    (issue 10, defect 6)."""
+    name = tag()
+    task_id = str(uuid.uuid4())
+    # The dead execution ran on another host: its lease (ttl 2 s) must run out.
+    abandoned = hold(store, f"unit-{name}", f"{task_id}@another-host:4242")
+    store.renew(abandoned, 2)
+    started = time.monotonic()
+    result = whoami.apply(args=(name,), task_id=task_id)
+    assert result.successful(), result.traceback
+    ran = result.get()
+    assert ran is not None, "the redelivered task was skipped"
+    assert ran["token"] > abandoned.token
+    assert time.monotonic() - started < 2 + 10
+    assert store.read(f"unit-{name}") is None
+    # Another task's lock is not waited for: skipped as before.
+    hold(store, f"unit-{name}", f"{uuid.uuid4()}@another-host:4242")
+    assert whoami.apply(args=(name,), task_id=task_id).get() is None
+
+
+def test_a_redelivered_task_frees_the_lock_of_its_dead_process_on_this_host(store: Any) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = tag()
+    task_id = str(uuid.uuid4())
+    hold(store, f"unit-{name}", f"{task_id}@{socket.gethostname()}:{dead.pid}")
+    started = time.monotonic()
+    result = retries_when_locked.apply(args=(name,), task_id=task_id)
+    assert result.successful(), result.traceback
+    assert result.get() == "ran"
+    # Released at once (the process is gone), not after the lease's 30 s.
+    assert time.monotonic() - started < 10
     assert store.read(f"unit-{name}") is None
 
 
@@ -342,6 +396,63 @@ def test_slot_records_are_fenced_by_the_lease(store: Any) -> None:
     slots.claim(new, second)
     assert not slots.confirm(old, first)  # no longer the record
     assert slots.load(new)["every-second"] == second  # not confirmed yet: sent=False
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_db_store(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
+    """A database backend on a server (SQLite and Redis have no connection to drop), made
+    the settings' backend as ``store`` does."""
+    from tests.conftest import open_store
+
+    for backend in open_store(request.param):
+        conf = dict(settings.DJANGO_LEADER)
+        conf.update(BACKEND="django_leader.backends.db.DatabaseBackend", DATABASE=backend.alias)
+        settings.DJANGO_LEADER = conf
+        yield backend
+        resolve_backend(None).close()
+
+
+def test_slot_records_survive_a_connection_the_database_closed(server_db_store: Any) -> None:
+    """The beat's slot records use this thread's Django connection, which no request cycle
+    recycles. The database ends it (pg_terminate_backend / KILL, as a restart, a failover or
+    wait_timeout would) before each kind of call: each still succeeds, on a new connection;
+    a healthy connection is kept (issue 10, defect 5)."""
+    import os
+
+    from django.db import connections
+
+    from django_leader.backends.db import DatabaseBackend
+    from django_leader.conf import resolve_timing
+    from django_leader.locks import acquire_once
+    from tests.celeryprocs import kill_connections
+
+    store = server_db_store
+    assert isinstance(store, DatabaseBackend)
+    connection = connections[store.alias]
+    slots = slot_store(store)
+    lease, _ = acquire_once(store, f"beat-{tag()}", "the-leader", resolve_timing(30))
+    assert lease is not None
+    at = datetime.now(timezone.utc)
+    first = Slot("entry", at, lease.token, lease.holder, "task-1")
+    slots.claim(lease, first)
+    healthy = connection.connection
+    assert slots.load(lease)["entry"] == first
+    assert slots.confirm(lease, first)
+    assert connection.connection is healthy  # not closed, nor even tested
+
+    def kill() -> None:
+        assert kill_connections(connection.settings_dict, os.getpid())
+
+    kill()
+    second = Slot("entry", at + timedelta(seconds=1), lease.token, lease.holder, "task-2")
+    slots.claim(lease, second)  # (a transaction: lease.fenced())
+    kill()
+    assert slots.confirm(lease, second)  # (autocommit)
+    kill()
+    assert slots.load(lease)["entry"].task_id == "task-2"
+    kill()
+    assert abs((slots.now() - datetime.now(timezone.utc)).total_seconds()) < 60
+    assert connection.connection is not healthy
 
 
 def test_entry_key_shortens_long_names() -> None:
@@ -466,8 +577,9 @@ def test_a_new_leader_continues_from_the_recorded_slots(
     second = beats(app, "b")  # its own (empty) schedule file
     inner = lead(second)
     adopted = inner.schedule["every-minute"].last_run_at
-    assert adopted.isoformat() == datetime.fromisoformat(recorded).astimezone(
-        adopted.tzinfo).isoformat()
+    # The recorded slot, in this beat's clock (the same clock here, give or take the
+    # round trip with which each beat measured its offset from the store's).
+    assert abs((adopted - datetime.fromisoformat(recorded)).total_seconds()) < 1
     second.tick()
     assert len(sent.messages) == 1  # the slot was sent already: not again
 
@@ -597,3 +709,40 @@ def test_close_called_mid_tick_finishes_after_the_tick(beats: Any, sent: Sent, s
     scheduler._busy = False
     scheduler.close()
     assert store.read(lease_name) is None
+
+
+@pytest.mark.parametrize("skew", [-3600, 3600], ids=["behind-1h", "ahead-1h"])
+def test_slot_times_are_the_stores_a_skewed_beat_clock_does_not_shift_the_schedule(
+    beats: Any, sent: Sent, store: Any, skew: int
+) -> None:
+    """A leader whose clock is an hour off records its slots in the store's time, and the
+    next leader (right clock) continues the schedule as due: neither an hour of silence
+    (ahead) nor a slot sent again (behind) (issue 10, defect 10)."""
+    time_machine = pytest.importorskip("time_machine")
+    app = beat_app("every-two-seconds", every=2.0)
+    real = datetime.now(timezone.utc)
+    first = beats(app, "a")
+    with time_machine.travel(real + timedelta(seconds=skew), tick=True):
+        inner = lead(first)
+        inner.schedule["every-two-seconds"].last_run_at = app.now() - timedelta(minutes=5)
+        inner.populate_heap()
+        first.tick()
+        assert len(sent.messages) == 1
+        lease = first.elector.lease  # type: ignore[union-attr]
+        assert lease is not None
+        record = slot_store(store).load(lease)["every-two-seconds"]
+        first.close()  # hands over
+    assert abs((record.at - real).total_seconds()) < 60, (record.at, real)
+    assert sent.messages[0].options["headers"]["django_leader_slot"] == record.at.isoformat()
+
+    second = beats(app, "b")
+    inner = lead(second)
+    adopted = inner.schedule["every-two-seconds"].last_run_at
+    assert abs((adopted - record.at).total_seconds()) < 1
+    # Due again two seconds after the recorded slot, by this beat's (right) clock: sent once.
+    give_up = time.monotonic() + 15
+    while len(sent.messages) < 2:
+        assert time.monotonic() < give_up, "the next leader does not send the next slot"
+        time.sleep(max(0.0, min(0.1, second.tick())))
+    gap = datetime.fromisoformat(sent.messages[1].options["headers"]["django_leader_slot"])
+    assert 2.0 <= (gap - record.at).total_seconds() < 10

@@ -485,3 +485,291 @@ def test_worker_killed_mid_task_its_lock_expires_after_ttl(
         with contextlib.suppress(Exception):
             doomed.stop()
         store.close()
+
+
+# -- 4. issue 10: store faults ---------------------------------------------------------------
+DATABASE_STORES = {
+    "postgresql": {
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+        "DJANGO_LEADER_DATABASE": "postgresql",
+    },
+    "mysql": {
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+        "DJANGO_LEADER_DATABASE": "mysql",
+    },
+}
+
+
+def beat_env(store_env: dict[str, str], queue: str, run: str) -> tuple[dict[str, str], str, str]:
+    lease, entry = f"beat-{run}", f"slot-{run}"
+    env = {
+        "DJANGO_LEADER_CELERY_BEAT_EVERY": str(EVERY),
+        "DJANGO_LEADER_CELERY_BEAT_ENTRY": entry,
+        "DJANGO_LEADER_CELERY_BEAT_LEASE": lease,
+        "DJANGO_LEADER_CELERY_QUEUE": queue,
+        "DJANGO_LEADER_BEAT_SCHEDULER": "celery.beat:PersistentScheduler",
+        **store_env,
+        **TIMING_ENV,
+    }
+    return env, lease, entry
+
+
+def entry_slots(procs: Processes, entry: str) -> list[dict[str, Any]]:
+    return sorted(
+        procs.records(
+            lambda e: e["ev"] == "slot" and e.get("django_leader_entry") == entry
+        ),
+        key=slot_time,
+    )
+
+
+def wait_entry_slots(procs: Processes, entry: str, after: float, count: int, timeout: float
+                     ) -> list[dict[str, Any]]:
+    """``count`` slots of ``entry`` stamped after ``after`` (whoever sent them)."""
+    return procs.wait_records(
+        lambda e: e["ev"] == "slot" and e.get("django_leader_entry") == entry
+        and slot_time(e) > after,
+        count, timeout, f"slots of {entry} after {after:.3f}",
+    )
+
+
+def assert_each_slot_once(record: list[dict[str, Any]]) -> None:
+    times = [slot_time(event) for event in record]
+    assert len({event["django_leader_slot"] for event in record}) == len(record)
+    assert len({event["task_id"] for event in record}) == len(record)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= EVERY - SLOT_EPSILON, [
+        (event["django_leader_holder"], slot_time(event)) for event in record
+    ]
+
+
+@pytest.mark.parametrize("store_name", list(DATABASE_STORES))
+def test_beat_keeps_sending_after_the_database_kills_its_connections(
+    procs: Processes, workers: Workers, store_name: str
+) -> None:
+    """The database ends every connection of the sending beat (pg_terminate_backend / KILL,
+    as a restart, a failover or an idle timeout would), twice: slots keep being sent, by it
+    or by the other beat, and none twice (issue 10, defect 5)."""
+    from tests.celeryprocs import kill_connections
+
+    _, queue = workers.get("redis")  # runs record_slot; its locks are not used
+    require(store_name)
+    run = tag()
+    env, lease, entry = beat_env(DATABASE_STORES[store_name], queue, run)
+    leads = rf"sends the schedule of '{lease}'"
+    try:
+        a = procs.beat(f"beat-a-{run}", **env)
+        b = procs.beat(f"beat-b-{run}", **env)
+        leader = first_to_log([a, b], leads, STARTUP, "leader")
+        wait_entry_slots(procs, entry, 0, 3, 3 * EVERY + 30)
+        for _ in range(2):
+            leader_id = identity_of(leader, lease)
+            faulted_at = time.time()
+            ended = kill_connections(connections[store_name].settings_dict, leader.pid)
+            assert ended, f"no connection of {leader.label} found"
+            after = wait_entry_slots(procs, entry, faulted_at, 4, 4 * EVERY + TAKEOVER_BOUND + 20)
+            senders = {event["django_leader_holder"] for event in after}
+            leader = leader if senders == {leader_id} else (b if leader is a else a)
+        assert a.alive and b.alive
+    finally:
+        for process in list(procs.processes):
+            if process.label.endswith(run):
+                process.stop()
+    assert_each_slot_once(entry_slots(procs, entry))
+
+
+def test_a_beat_that_cannot_record_its_slots_resigns(
+    procs: Processes, workers: Workers
+) -> None:
+    """The sending beat's database account loses its rights on the slot table (its lease
+    renewals still succeed): after a few failed slots in a row it resigns, and the other
+    beat sends (issue 10, defect 5)."""
+    import psycopg
+
+    from django_leader.models import BeatSlot
+
+    _, queue = workers.get("redis")
+    require("postgresql")
+    settings_dict = connections["postgresql"].settings_dict
+    run = tag()
+    role = f"dl_beat_{run}"
+    env, lease, entry = beat_env(DATABASE_STORES["postgresql"], queue, run)
+    leads = rf"sends the schedule of '{lease}'"
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = int(settings_dict.get("PORT") or 5432)
+
+    def admin(dbname: str) -> psycopg.Connection:
+        return psycopg.connect(host=host, port=port, user=settings_dict.get("USER") or "postgres",
+                               password=settings_dict.get("PASSWORD") or None, dbname=dbname,
+                               autocommit=True)
+
+    with admin(settings_dict["NAME"]) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"')
+        conn.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+    try:
+        a = procs.beat(f"beat-a-{run}", **env, DJANGO_LEADER_POSTGRESQL_URL=(
+            f"postgres://{role}@{host}:{port}/{settings_dict['NAME']}"))
+        a.wait_log(leads, STARTUP, "leading")
+        a_id = identity_of(a, lease)
+        wait_entry_slots(procs, entry, 0, 2, 2 * EVERY + 30)
+        b = procs.beat(f"beat-b-{run}", **env)
+        b.wait_log(rf"stands by: '{lease}' is led by {a_id}", STARTUP, "standing by")
+        with admin(settings_dict["NAME"]) as conn:
+            conn.execute(f'REVOKE ALL ON {BeatSlot._meta.db_table} FROM "{role}"')
+        revoked_at = time.time()
+        b.wait_log(leads, 30, "taking over")
+        b_id = identity_of(b, lease)
+        after = wait_entry_slots(procs, entry, revoked_at, 3, 3 * EVERY + 30)
+        assert {event["django_leader_holder"] for event in after} == {b_id}
+        assert "resign" in a.log(), a.tail()
+    finally:
+        for process in list(procs.processes):
+            if process.label.endswith(run):
+                process.stop()
+        with admin(settings_dict["NAME"]) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+        with admin("postgres") as conn:
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+    assert_each_slot_once(entry_slots(procs, entry))
+
+
+@pytest.mark.parametrize("task_name", ["singleton_redelivered", "singleton_redelivered_retry"])
+def test_singleton_redelivered_after_its_process_is_killed_runs_again(
+    procs: Processes, worker: tuple[CeleryProcess, str, str], task_name: str, tmp_path: Any
+) -> None:
+    """acks_late + reject_on_worker_lost, SIGKILL of the pool process mid-task: the broker
+    redelivers at once while the dead execution's lease lives on. The redelivery is the
+    same task id: it frees or waits out that lease and runs; neither skipped
+    (``on_locked="skip"``) nor failed after its retries (``"retry"``) (issue 10, defect 6)."""
+    import signal
+
+    from testproject.demoapp import tasks
+
+    task = getattr(tasks, task_name)
+    _, queue, _ = worker
+    run = tag()
+    result = task.apply_async((run, str(tmp_path / "marker")), queue=queue)
+    first = procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30,
+                               "start")[0]
+    assert first["first"] is True
+    os.kill(first["pid"], signal.SIGKILL)
+    token = result.get(timeout=60)
+    assert token is not None, "the redelivered task was skipped"
+    starts = procs.records(lambda e: e.get("tag") == run and e["ev"] == "start")
+    assert len(starts) == 2 and starts[1]["first"] is False and starts[1]["pid"] != first["pid"]
+    assert token == starts[1]["token"] > first["token"]
+
+
+def test_singleton_retry_published_before_the_attempt_ends_is_not_skipped(
+    procs: Processes, worker: tuple[CeleryProcess, str, str]
+) -> None:
+    """``self.retry(throw=False)`` publishes the retry while the attempt still holds its
+    lock (as ``raise self.retry()`` does for a moment): the retry is the same task, waits
+    for the lock and runs (issue 10, defect 6)."""
+    from testproject.demoapp.tasks import singleton_retries_itself
+
+    _, queue, _ = worker
+    run = tag()
+    singleton_retries_itself.apply_async((run, 1.5), queue=queue)
+    ends = procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "end", 2, 30,
+                              "ends of both attempts")
+    starts = procs.records(lambda e: e.get("tag") == run and e["ev"] == "start")
+    assert [e["retries"] for e in starts] == [0, 1]
+    assert [e["retries"] for e in ends] == [0, 1]
+    assert ends[0]["t"] <= starts[1]["t"]  # one at a time
+    assert starts[1]["token"] > starts[0]["token"]
+
+
+def test_singleton_past_its_hard_time_limit_frees_its_lock_at_once(
+    procs: Processes, worker: tuple[CeleryProcess, str, str]
+) -> None:
+    from celery.exceptions import TimeLimitExceeded
+
+    from testproject.demoapp.tasks import singleton_time_limited
+
+    _, queue, store_name = worker
+    store = store_backend(store_name)
+    run = tag()
+    name = f"celery-test-limit-{run}"
+    try:
+        result = singleton_time_limited.apply_async((run, 60), queue=queue)
+        procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start")
+        started = time.monotonic()
+        held = store.read(name)
+        assert held is not None and held.holder.startswith(f"{result.id}@")
+        with pytest.raises(TimeLimitExceeded):
+            result.get(timeout=30)
+        while store.read(name) is not None:
+            assert time.monotonic() - started < 20, "the lock outlived the time limit"
+            time.sleep(0.02)
+        assert time.monotonic() - started < 20 < 60  # released, not expired (ttl 60 s)
+        assert singleton_time_limited.apply_async((run, 0), queue=queue).get(timeout=30) is not None
+    finally:
+        store.close()
+
+
+def test_a_beat_stuck_on_a_frozen_database_connection_resigns(
+    procs: Processes, workers: Workers
+) -> None:
+    """The PostgreSQL server process of the sending beat's own connection (the slot
+    records') is frozen (SIGSTOP) while idle: its calls neither answer nor fail, while its
+    elector renews the lease on a connection of its own. The stuck beat resigns and the
+    other one sends; none twice (issue 10, defect 5)."""
+    import signal
+
+    import psycopg
+
+    from django_leader.models import BeatSlot
+    from tests.celeryprocs import tcp_ports
+
+    _, queue = workers.get("redis")
+    require("postgresql")
+    settings_dict = connections["postgresql"].settings_dict
+    run = tag()
+    env, lease, entry = beat_env(DATABASE_STORES["postgresql"], queue, run)
+    leads = rf"sends the schedule of '{lease}'"
+    frozen: int | None = None
+    try:
+        a = procs.beat(f"beat-a-{run}", **env)
+        b = procs.beat(f"beat-b-{run}", **env)
+        leader = first_to_log([a, b], leads, STARTUP, "leader")
+        other = b if leader is a else a
+        wait_entry_slots(procs, entry, 0, 2, 2 * EVERY + 30)
+        other_id = identity_of(other, lease)
+        with psycopg.connect(
+            host=settings_dict.get("HOST") or "127.0.0.1",
+            port=int(settings_dict.get("PORT") or 5432),
+            user=settings_dict.get("USER") or "postgres",
+            dbname="postgres",
+            autocommit=True,
+        ) as admin:
+            # The beat thread's connection is the one whose last statement touched the slot
+            # records (the elector's own connection only touches the lease tables).
+            give_up = time.monotonic() + 10
+            while frozen is None:
+                rows = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
+                    "AND client_port = ANY(%s) AND query LIKE %s",
+                    [settings_dict["NAME"], sorted(tcp_ports(leader.pid)),
+                     f"%{BeatSlot._meta.db_table}%"],
+                ).fetchall()
+                if rows:
+                    frozen = int(rows[0][0])
+                    os.kill(frozen, signal.SIGSTOP)
+                else:
+                    assert time.monotonic() < give_up, "no idle slot-record connection found"
+                    time.sleep(0.02)
+        frozen_at = time.time()
+        other.wait_log(leads, 3 * TTL + TAKEOVER_BOUND + 20, "taking over")
+        after = wait_entry_slots(procs, entry, frozen_at, 3, 3 * TTL + TAKEOVER_BOUND + 30)
+        assert {event["django_leader_holder"] for event in after} == {other_id}
+        assert "resigns" in leader.log(), leader.tail()
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGCONT)
+        for process in list(procs.processes):
+            if process.label.endswith(run):
+                process.stop()
+    assert_each_slot_once(entry_slots(procs, entry))

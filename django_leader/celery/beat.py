@@ -17,14 +17,26 @@ A slot is sent like this, in the wrapped scheduler's own ``apply_async``:
 A newly elected beat loads the records and moves each entry's ``last_run_at`` up to its
 last recorded slot before its first tick, so it neither repeats a slot its predecessor
 recorded nor skips the schedule: a slot that fell due while nobody led is sent once, right
-away (Celery's usual catch-up for missed runs). See ``docs/celery.md``.
+away (Celery's usual catch-up for missed runs). Slot times are recorded in the store's
+clock: at the start of its term a beat measures its clock's offset from the store's and
+converts both ways, so a skewed beat neither delays nor repeats its successor's slots.
+
+A leader that cannot do its job :data:`RESIGN_AFTER` times in a row (a slot it cannot
+record, the records it cannot read, a wrapped scheduler whose tick fails) while its lease
+is still renewed — its own connection broken beyond repair, say — resigns, so that another
+beat takes over; it campaigns again after one ``LEASE_TTL``. So does a leader whose tick
+has not returned after :data:`STUCK_TTLS` lease lifetimes (a store or broker call that
+neither answers nor fails: a watchdog thread sees it). Before each tick, connections of this
+thread that an error left unusable are closed (the beat has no request cycle to do it). See
+``docs/celery.md``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timezone
+import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery import uuid
@@ -35,8 +47,8 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import get_settings, validate_name
 from ..elector import Elector
 from ..exceptions import LeadershipLost
-from ..lease import Lease
-from .state import Slot, SlotStore, entry_key, slot_store
+from ..lease import Lease, clock
+from .state import Slot, SlotStore, close_unusable_connections, entry_key, slot_store
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -48,6 +60,14 @@ HEADER_HOLDER = "django_leader_holder"
 
 #: Longest pause between two attempts to build a wrapped scheduler that failed.
 MAX_BACKOFF = 30.0
+
+#: A leader that fails this many times in a row to do its job (record a slot, read the
+#: records, tick the wrapped scheduler) resigns, so that another beat takes over.
+RESIGN_AFTER = 3
+
+#: A leader whose tick (or sync) has not returned after this many ``LEASE_TTL`` — stuck in
+#: a call that neither answers nor fails — resigns (its elector still renews the lease).
+STUCK_TTLS = 3.0
 
 
 class BeatElector(Elector):
@@ -215,6 +235,13 @@ class LeaderScheduler(Scheduler):
         self._closed = False
         self._busy = False
         self._failures = 0
+        self._strikes = 0  # failures in a row of the current term (see RESIGN_AFTER)
+        self._strikes_lease: Lease | None = None
+        # Store clock minus this beat's clock, measured when the current term began.
+        self._offset = timedelta(0)
+        # The tick or sync running for a term (since when, and which lease), for _watch.
+        self._call: tuple[float, Lease] | None = None
+        self._watch_stop = threading.Event()
         # Never set up: for max_interval and the banner's `info`.
         self._idle = self._inner_cls(app, lazy=True, **kwargs)
         kwargs["max_interval"] = kwargs.get("max_interval") or self._idle.max_interval
@@ -232,6 +259,9 @@ class LeaderScheduler(Scheduler):
         self._elector = BeatElector(self, self.lease)
         self._slots = slot_store(self._elector.backend)
         self._elector.start()
+        threading.Thread(
+            target=self._watch, name=f"leader-beat-watchdog:{self.lease}", daemon=True
+        ).start()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Follower: wait up to ``RETRY_INTERVAL`` to be elected. Leader: the wrapped
@@ -241,6 +271,7 @@ class LeaderScheduler(Scheduler):
             return self._tick(*args, **kwargs)
         finally:
             self._busy = False
+            self._call = None
 
     def _tick(self, *args: Any, **kwargs: Any) -> float:
         elector = self._elector
@@ -255,11 +286,16 @@ class LeaderScheduler(Scheduler):
             lease = elector.lease
             if lease is None:
                 return 0.0
+        self._call = (clock(), lease)
+        # No request cycle here: drop connections an error left unusable, or they would
+        # fail every call from now on (the wrapped scheduler's and the slot records').
+        close_unusable_connections()
         inner = self._inner
         if inner is None or inner._dl_lease is not lease:
             self._stand_down()
             inner = self._take_over(lease)
             if inner is None:
+                self._strike(lease, "cannot start sending")
                 return self._backoff()
         try:
             interval = inner.tick(*args, **kwargs)
@@ -270,6 +306,7 @@ class LeaderScheduler(Scheduler):
                 self._wrapped.__name__,
             )
             self._stand_down()
+            self._strike(lease, f"{self._wrapped.__name__}.tick() failed")
             return self._backoff()
         self._failures = 0
         return float(interval)
@@ -279,10 +316,13 @@ class LeaderScheduler(Scheduler):
         if inner is None:
             return
         self._busy = True
+        if inner._dl_lease is not None:
+            self._call = (clock(), inner._dl_lease)
         try:
             inner._do_sync()
         finally:
             self._busy = False
+            self._call = None
 
     def should_sync(self) -> bool:
         inner = self._inner
@@ -300,6 +340,7 @@ class LeaderScheduler(Scheduler):
         if self._closed:
             return
         self._closed = True
+        self._watch_stop.set()
         try:
             self._stand_down()
         finally:
@@ -350,6 +391,64 @@ class LeaderScheduler(Scheduler):
         retry = elector.timing.retry_interval if elector is not None else 1.0
         return max(0.01, min(retry, float(self.max_interval)))
 
+    def _strike(self, lease: Lease, reason: str) -> None:
+        """Count one failure of ``lease``'s term to do its job; resign at RESIGN_AFTER."""
+        if self._strikes_lease is not lease:
+            self._strikes_lease, self._strikes = lease, 0
+        self._strikes += 1
+        elector = self._elector
+        if self._strikes < RESIGN_AFTER or elector is None or elector.lease is not lease:
+            return
+        self._strikes = 0
+        backoff = elector.timing.ttl
+        logger.error(
+            "celery beat %s resigns from %r (token %s): %s, %d times in a row; it campaigns "
+            "again in %.1fs",
+            lease.holder,
+            lease.name,
+            lease.token,
+            reason,
+            RESIGN_AFTER,
+            backoff,
+        )
+        # Another beat (retrying every RETRY_INTERVAL < LEASE_TTL) takes over first.
+        elector.resign(backoff)
+
+    def _watch(self) -> None:
+        """Resign for a tick or sync that has been stuck for STUCK_TTLS lease lifetimes.
+
+        The call itself cannot be interrupted, but another beat can take over: the stuck
+        one's lease is released (or expires), so whatever it does when the call returns is
+        refused by the fenced slot record."""
+        elector = self._elector
+        assert elector is not None
+        ttl = elector.timing.ttl
+        limit = STUCK_TTLS * ttl
+        resigned: Lease | None = None
+        while not self._watch_stop.wait(min(1.0, ttl / 3)):
+            call = self._call
+            if call is None:
+                continue
+            started, _ = call
+            stuck = clock() - started
+            # The lease of the stuck call's term, or of a term won since (by the elector
+            # thread, while this one is still stuck): neither can be served.
+            lease = elector.lease
+            if stuck < limit or lease is None or lease is resigned:
+                continue
+            resigned = lease
+            logger.error(
+                "celery beat %s resigns from %r (token %s): its tick has not returned for "
+                "%.1fs (a store or broker call that neither answers nor fails); it campaigns "
+                "again in %.1fs",
+                lease.holder,
+                lease.name,
+                lease.token,
+                stuck,
+                ttl,
+            )
+            elector.resign(ttl)
+
     def _backoff(self) -> float:
         self._failures += 1
         return min(MAX_BACKOFF, float(self.max_interval), self._follower_wait * 2**self._failures)
@@ -360,9 +459,15 @@ class LeaderScheduler(Scheduler):
         assert self._slots is not None
         try:
             slots = self._slots.load(lease)
+            before = time.time()
+            store_now = self._slots.now()
+            after = time.time()
         except Exception as exc:
             logger.warning("celery beat: cannot read the last slots, not sending yet: %s", exc)
             return None
+        # Store clock minus ours, to within half the round trip: slot times are recorded
+        # in the store's clock, and used in ours.
+        self._offset = store_now - datetime.fromtimestamp((before + after) / 2, timezone.utc)
         for slot in slots.values():
             if not slot.sent and slot.token != lease.token:
                 logger.warning(
@@ -374,7 +479,7 @@ class LeaderScheduler(Scheduler):
                     slot.at.isoformat(),
                     slot.entry,
                 )
-        self._last = {key: slot.at for key, slot in slots.items()}
+        self._last = {key: slot.at - self._offset for key, slot in slots.items()}
         if not lease.held:
             return None
         try:
@@ -388,6 +493,8 @@ class LeaderScheduler(Scheduler):
         for entry in entries:
             self._adopt(entry)
         self._inner = inner
+        if self._strikes_lease is lease:
+            self._strikes = 0
         logger.info(
             "celery beat %s sends the schedule of %r with %s (token %s); continuing from %d "
             "recorded slot(s)",
@@ -442,26 +549,34 @@ class LeaderScheduler(Scheduler):
         if advance:
             inner.reserve(entry)
         at = inner._dl_reserved.pop(entry.name, None) or self.app.now()
-        at = _aware(at, self.app.timezone).astimezone(timezone.utc)
-        slot = Slot(entry_key(entry.name), at, lease.token, lease.holder, uuid())
+        at = _aware(at, self.app.timezone).astimezone(timezone.utc)  # this beat's clock
+        slot = Slot(entry_key(entry.name), at + self._offset, lease.token, lease.holder, uuid())
         assert self._slots is not None
         try:
             self._slots.claim(lease, slot)
         except LeadershipLost as exc:
-            logger.warning("celery beat: not sending slot %s of %r: %s", at, entry.name, exc)
+            logger.warning("celery beat: not sending slot %s of %r: %s", slot.at, entry.name, exc)
             return None
         except Exception as exc:
+            # Not sent, nor recorded: the entry falls back to its last recorded slot (see
+            # _adopt), so the slot is sent at the next tick that can record it.
             logger.error(
-                "celery beat: not sending slot %s of %r: cannot record it: %s", at, entry.name, exc
+                "celery beat: not sending slot %s of %r: cannot record it: %s",
+                slot.at,
+                entry.name,
+                exc,
             )
+            self._strike(lease, "cannot record a slot")
             return None
+        if self._strikes_lease is lease:
+            self._strikes = 0
         self._last[slot.entry] = at
         options = dict(entry.options or {})
         headers = dict(options.get("headers") or {})
         headers.update(
             {
                 HEADER_ENTRY: entry.name,
-                HEADER_SLOT: at.isoformat(),
+                HEADER_SLOT: slot.at.isoformat(),
                 HEADER_TOKEN: lease.token,
                 HEADER_HOLDER: lease.holder,
             }

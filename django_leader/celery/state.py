@@ -15,6 +15,18 @@ to continue exactly where the previous leader stopped.
   lease key is gone: Redis's clock decides).
 * Any other backend: records kept in this process only (not shared): a failover then
   relies on the wrapped scheduler's own state, and may send the last slot again.
+
+Slot times are recorded **in the store's clock** (see :meth:`SlotStore.now`): a beat
+measures how far its own clock is from the store's when its term begins and converts each
+way, so the beats' clocks never meet — one beat's skew can neither delay nor repeat a slot
+of the next one.
+
+The database slot store works on the beat thread's own Django connection (``fenced()``
+needs it). That connection is never recycled by a request cycle, so a connection the server
+closed (a restart, a failover, a proxy, ``wait_timeout``) would fail every call after it:
+before each call, a connection that had an error and no longer works is closed (as Django's
+``close_if_unusable_or_obsolete`` does, a healthy one is kept), and a call that failed on
+such a connection is made once more on a new one.
 """
 
 from __future__ import annotations
@@ -23,11 +35,14 @@ import hashlib
 import json
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import asdict, dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, TypeVar
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
+from django.db.utils import Error as DjangoDBError
 from django.utils.dateparse import parse_datetime
 
 from ..backends.base import Backend
@@ -38,6 +53,35 @@ logger = logging.getLogger("django_leader.celery")
 
 #: Longest entry name stored as it is (the width of ``BeatSlot.entry``).
 MAX_ENTRY_LENGTH = 200
+
+T = TypeVar("T")
+
+
+def close_if_unusable(alias: str) -> bool:
+    """Close this thread's Django connection to ``alias`` if an error left it unusable;
+    True if it did. A connection without errors since its last check is not even tested,
+    and a working one is kept (unlike ``close_if_unusable_or_obsolete``, which also closes
+    connections past ``CONN_MAX_AGE`` — 0 by default, so every time). Never inside a
+    transaction: ``atomic`` deals with its own connection."""
+    connection = connections[alias]
+    if connection.connection is None or connection.in_atomic_block:
+        return False
+    if connection.get_autocommit() == connection.settings_dict["AUTOCOMMIT"]:
+        if not connection.errors_occurred:
+            return False
+        if connection.is_usable():
+            connection.errors_occurred = False
+            return False
+    with suppress(DjangoDBError):
+        connection.close()
+    connection.connection = None  # (close() keeps it if closing raised)
+    return True
+
+
+def close_unusable_connections() -> None:
+    """:func:`close_if_unusable` for each connection this thread has opened."""
+    for connection in connections.all(initialized_only=True):
+        close_if_unusable(connection.alias)
 
 
 def entry_key(name: str) -> str:
@@ -95,29 +139,61 @@ class SlotStore(ABC):
         """Mark ``slot`` sent, if it is still the entry's record (not fenced: the slot was
         taken under the lease, and this only says it left)."""
 
+    @abstractmethod
+    def now(self) -> datetime:
+        """The store's clock (aware, UTC): slot times are recorded in it."""
+
 
 class DatabaseSlots(SlotStore):
-    """``BeatSlot`` rows in the lease database, written inside ``lease.fenced()``."""
+    """``BeatSlot`` rows in the lease database, written inside ``lease.fenced()``, on this
+    thread's Django connection (replaced when the server closed it, see the module)."""
 
-    def __init__(self, alias: str) -> None:
+    def __init__(self, alias: str, now_sql: str) -> None:
         self.alias = alias
+        self.now_sql = now_sql  # the database server's clock, e.g. statement_timestamp()
 
     def _rows(self) -> Any:
         from ..models import BeatSlot
 
         return BeatSlot.objects.using(self.alias)
 
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``; once more on a new connection if it failed on one the server closed.
+        Database errors become ``BackendUnavailable``."""
+        retried = False
+        while True:
+            close_if_unusable(self.alias)
+            connection = connections[self.alias]
+            used = connection.connection
+            try:
+                return fn()
+            except DatabaseError as exc:
+                # An open connection that this failure showed dead — closed, or already
+                # replaced, by the failed transaction's rollback, or found unusable now:
+                # once more, on a new one.
+                died = used is not None and (
+                    connection.connection is not used or close_if_unusable(self.alias)
+                )
+                if not retried and died:
+                    retried = True
+                    logger.info(
+                        "database %r closed the beat's connection: reconnecting",
+                        self.alias,
+                    )
+                    continue
+                raise BackendUnavailable(f"database {self.alias!r}: {exc}") from exc
+
     def load(self, lease: Lease) -> dict[str, Slot]:
-        try:
+        def load() -> dict[str, Slot]:
             return {
                 row.entry: Slot(row.entry, row.at, row.token, row.holder, row.task_id, row.sent)
                 for row in self._rows().filter(lease=lease.name)
             }
-        except DatabaseError as exc:
-            raise BackendUnavailable(f"database {self.alias!r}: {exc}") from exc
+
+        return self._call(load)
 
     def claim(self, lease: Lease, slot: Slot) -> None:
-        try:
+        def claim() -> None:
             with lease.fenced():
                 self._rows().update_or_create(
                     lease=lease.name,
@@ -130,19 +206,33 @@ class DatabaseSlots(SlotStore):
                         "sent": False,
                     },
                 )
-        except DatabaseError as exc:
-            raise BackendUnavailable(f"database {self.alias!r}: {exc}") from exc
+
+        self._call(claim)
 
     def confirm(self, lease: Lease, slot: Slot) -> bool:
-        try:
-            updated = (
+        def confirm() -> int:
+            return int(
                 self._rows()
                 .filter(lease=lease.name, entry=slot.entry, token=slot.token, task_id=slot.task_id)
                 .update(sent=True)
             )
-        except DatabaseError as exc:
-            raise BackendUnavailable(f"database {self.alias!r}: {exc}") from exc
-        return updated == 1
+
+        return self._call(confirm) == 1
+
+    def now(self) -> datetime:
+        def now() -> Any:
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(f"SELECT {self.now_sql}", [])  # (params: "%%" is "%")
+                return cursor.fetchone()[0]
+
+        value = self._call(now)
+        if isinstance(value, str):
+            value = parse_datetime(value)
+        if not isinstance(value, datetime):
+            raise BackendUnavailable(f"database {self.alias!r}: no time from {self.now_sql}")
+        if value.tzinfo is None:  # MySQL and SQLite give naive UTC
+            value = value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
 
 
 # KEYS: lease, slots. ARGV: holder, token, entry, record. 1 if written, 0 if the lease is
@@ -210,6 +300,12 @@ class RedisSlots(SlotStore):
                 f"lease {lease.name!r} is no longer held by {lease.holder} with token {lease.token}"
             )
 
+    def now(self) -> datetime:
+        seconds, microseconds = self._call(self.client.time)
+        return datetime.fromtimestamp(int(seconds), timezone.utc).replace(
+            microsecond=int(microseconds)
+        )
+
     def confirm(self, lease: Lease, slot: Slot) -> bool:
         sent = Slot(slot.entry, slot.at, slot.token, slot.holder, slot.task_id, True)
         done = self._call(
@@ -243,6 +339,9 @@ class LocalSlots(SlotStore):
         )
         return True
 
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)  # nothing is shared: this process's clock it is
+
 
 def slot_store(backend: Backend) -> SlotStore:
     """The slot store that goes with a lease backend (see the module docstring)."""
@@ -250,7 +349,7 @@ def slot_store(backend: Backend) -> SlotStore:
     from ..backends.db import DatabaseBackend
 
     if isinstance(backend, DatabaseBackend):
-        return DatabaseSlots(backend.alias)
+        return DatabaseSlots(backend.alias, backend.dialect.now())
     if isinstance(backend, CacheBackend):
         return RedisSlots(backend)
     logger.warning(

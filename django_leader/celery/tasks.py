@@ -7,10 +7,18 @@ before (``bind``, ``base``, the app's own ``Task`` class such as Django's
 waiting, renewed in the background, released (owner-checked) when the function returns or
 raises, ``self.retry()`` included — and makes its lease the :func:`~django_leader.current_lease`.
 
-A pool process killed by ``revoke(terminate=True)`` or lost (``WorkerLostError``) cannot
-release its lock: the worker's main process does it for it once the process is gone (the
-lock's holder names the task id and the process). A whole worker killed at once leaves the
-lock to expire after ``ttl``.
+A pool process killed by ``revoke(terminate=True)``, lost (``WorkerLostError``) or killed
+past its hard time limit (``TimeLimitExceeded``) cannot release its lock: the worker's main
+process does it for it once the process is gone (the lock's holder, ``<task id>@<host>:<pid>``,
+names the execution and its process; only a process of this host is looked for). A whole
+worker killed at once leaves the lock to expire after ``ttl``.
+
+An execution that finds the lock held by **its own task id** is the same task come back: a
+message redelivered after its worker died (``acks_late``), or a retry published while the
+attempt that published it still held the lock. It is not skipped nor retried: if the holder
+was a process of this host that is gone, it frees that lock at once; otherwise it waits for
+the lock, at most until that lease would expire by the store's clock (plus one
+``RETRY_INTERVAL``), and only then applies ``on_locked``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import string
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -34,7 +43,7 @@ from celery.signals import task_failure, task_revoked
 
 from ..conf import MAX_IDENTITY_LENGTH, MAX_NAME_LENGTH, get_settings, validate_name
 from ..exceptions import BackendUnavailable, LeaseHeld
-from ..lease import _use_lease
+from ..lease import Lease, _use_lease
 from ..locks import Lock, resolve_backend
 
 logger = logging.getLogger("django_leader.celery")
@@ -166,16 +175,69 @@ class Singleton:
         name = self.lock_name(getattr(task, "name", None), call_args, kwargs)
         request = getattr(task, "request", None)
         task_id = getattr(request, "id", None)
-        lock = Lock(name, ttl=self.ttl, blocking=False, identity=task_identity(task_id))
+        identity = task_identity(task_id)
+        lock = Lock(name, ttl=self.ttl, blocking=False, identity=identity)
         try:
             lease = lock.__enter__()
         except LeaseHeld as exc:
-            return self.locked(task, task_id, exc)
+            again = self.same_task_held(name, task_id, identity) if task_id else None
+            if again is None:
+                return self.locked(task, task_id, exc)
+            lock, lease = again
         try:
             with _use_lease(lease):
                 return self.fun(*args, **kwargs)
         finally:
             lock.__exit__(None, None, None)
+
+    def same_task_held(self, name: str, task_id: str, identity: str) -> tuple[Lock, Lease] | None:
+        """The lock, if it is held by an earlier execution of this very task (same task id):
+        freed at once if that execution's process, on this host, is gone; else waited for,
+        at most until its lease would expire (plus one retry interval). None: held by
+        another task, or still held after the wait."""
+        lock = Lock(name, ttl=self.ttl, blocking=False, identity=identity)
+        backend = lock.backend
+        current = backend.read(name)
+        if current is None:  # released in between
+            with suppress(LeaseHeld):
+                return lock, lock.__enter__()
+            return None
+        if not current.holder.startswith(f"{task_id}@"):
+            return None
+        host, pid = holder_host_pid(current.holder)
+        if (
+            host == socket.gethostname()
+            and pid is not None
+            and pid != os.getpid()
+            and _process_gone(pid)
+        ):
+            if backend.release(current):
+                logger.info(
+                    "released lock %r of an earlier execution of task %s, whose process %s "
+                    "ended without releasing it",
+                    name,
+                    task_id,
+                    pid,
+                )
+            with suppress(LeaseHeld):
+                return lock, lock.__enter__()
+            return None
+        timing = lock.timing
+        remaining = current.expires_in
+        if remaining is None:
+            remaining = timing.ttl
+        wait = max(0.0, remaining) + timing.retry_interval
+        logger.info(
+            "lock %r is held by an earlier execution of this task (%s): waiting up to %.1fs for it",
+            name,
+            current.holder,
+            wait,
+        )
+        lock = Lock(name, ttl=self.ttl, blocking=True, timeout=wait, identity=identity)
+        try:
+            return lock, lock.__enter__()
+        except LeaseHeld:
+            return None
 
     def locked(self, task: Any, task_id: str | None, exc: LeaseHeld) -> Any:
         label = f"{getattr(task, 'name', self.fun.__qualname__)}[{task_id or '-'}]"
@@ -193,6 +255,16 @@ class Singleton:
         countdown = delay * random.uniform(1.0, 1.5)
         logger.info("%s retried in %.2fs: %s", label, countdown, exc)
         raise task.retry(exc=exc, countdown=countdown)
+
+
+def holder_host_pid(holder: str) -> tuple[str, int | None]:
+    """The host and pid of a singleton task's lock holder ``<task id>@<host>:<pid>``
+    (``("", None)`` for a holder of another form)."""
+    _, at, place = holder.rpartition("@")
+    host, colon, pid = place.rpartition(":")
+    if not at or not colon or not pid.isdigit():
+        return "", None
+    return host, int(pid)
 
 
 def task_identity(task_id: str | None) -> str:
@@ -314,9 +386,10 @@ def _release_abandoned(
         lease = backend.read(name)
         if lease is None or not lease.holder.startswith(f"{task_id}@"):
             return
-        try:
-            pid = int(lease.holder.rsplit(":", 1)[1])
-        except (IndexError, ValueError):
+        host, pid = holder_host_pid(lease.holder)
+        if pid is None or host != socket.gethostname():
+            # Another host's process: whether a pid runs here says nothing of it. Its lock
+            # expires after its ttl (or its redelivery frees it, on its own host).
             return
         give_up = time.monotonic() + (spec.ttl or get_settings().timing.ttl)
         while not _process_gone(pid):
@@ -352,9 +425,14 @@ def _on_failure(
     kwargs: Any = None,
     **_: Any,
 ) -> None:
-    from billiard.exceptions import WorkerLostError
+    from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 
-    if isinstance(exception, WorkerLostError) and task_id and singleton_spec(sender) is not None:
+    # The pool process was lost, or killed at the hard time limit: it cannot release.
+    if (
+        isinstance(exception, (WorkerLostError, TimeLimitExceeded))
+        and task_id
+        and singleton_spec(sender) is not None
+    ):
         release_abandoned(sender, task_id, args, kwargs)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -104,3 +105,62 @@ def plain_noop() -> None:
 @singleton_task(key="bench-singleton-noop")
 def singleton_noop() -> None:
     """Does nothing under a lock (bench/celery_overhead.py)."""
+
+
+# -- issue 10, defect 6: redelivery (acks_late), self-retry, hard time limit ---------------
+def _hold_once(tag: str, marker: str) -> int:
+    """The first execution (``marker`` file absent) creates it and holds its lock until its
+    process is killed; a later execution (the redelivery) returns at once."""
+    lease = current_lease()
+    assert lease is not None
+    first = not os.path.exists(marker)
+    record("start", tag=tag, token=lease.token, name=lease.name, holder=lease.holder,
+           first=first)
+    if first:
+        open(marker, "x").close()
+        lease.lost.wait(120)
+    record("end", tag=tag, token=lease.token, name=lease.name, lost=lease.lost.is_set())
+    return lease.token
+
+
+@singleton_task(key="celery-test-redeliver-{tag}", ttl=30, acks_late=True,
+                reject_on_worker_lost=True)
+def singleton_redelivered(tag: str, marker: str) -> int:
+    """acks_late + reject_on_worker_lost: redelivered at once when its process is killed;
+    ``on_locked="skip"``."""
+    return _hold_once(tag, marker)
+
+
+@singleton_task(key="celery-test-redeliver-retry-{tag}", ttl=30, acks_late=True,
+                reject_on_worker_lost=True, on_locked="retry", default_retry_delay=0.2)
+def singleton_redelivered_retry(tag: str, marker: str) -> int:
+    """As :func:`singleton_redelivered` with ``on_locked="retry"`` and Celery's default
+    ``max_retries`` (3)."""
+    return _hold_once(tag, marker)
+
+
+@singleton_task(key="celery-test-self-retry-{tag}", ttl=10, bind=True)
+def singleton_retries_itself(self: Any, tag: str, seconds: float) -> int:
+    """The first attempt publishes its retry (``throw=False``) and goes on holding the lock
+    for ``seconds``: the retry meets its own attempt's lock."""
+    lease = current_lease()
+    assert lease is not None
+    retries = self.request.retries
+    record("start", tag=tag, token=lease.token, name=lease.name, retries=retries)
+    if retries == 0:
+        self.retry(countdown=0, throw=False)
+        time.sleep(seconds)
+    record("end", tag=tag, token=lease.token, name=lease.name, retries=retries)
+    return int(retries)
+
+
+@singleton_task(key="celery-test-limit-{tag}", ttl=60, time_limit=2)
+def singleton_time_limited(tag: str, seconds: float) -> int:
+    """Holds its lock (ttl 60 s) past its hard time limit (2 s), deaf to SIGTERM (as a task
+    stuck in a long C call is): the pool's SIGTERM does nothing, its SIGKILL 0.1 s later
+    ends the process before it can release."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return _hold(tag, seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -223,3 +223,79 @@ class Processes:
     def close(self) -> None:
         for process in reversed(self.processes):
             process.stop()
+
+
+# -- killing a process's database connections (a real fault, on the server's side) ---------
+def tcp_ports(pid: int) -> set[int]:
+    """The local ports of the TCP sockets process ``pid`` has open (from ``/proc``)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def kill_connections(settings_dict: dict[str, Any], pid: int) -> list[int]:
+    """End every connection process ``pid`` has to the database of ``settings_dict``, from
+    the server's side: ``pg_terminate_backend`` on PostgreSQL, ``KILL`` on MariaDB/MySQL
+    (as a restart, a failover or an idle timeout would). Returns the server-side ids ended.
+
+    The connections are found by their client port (the process's TCP sockets), among the
+    sessions on the test database only: no other process's session is touched."""
+    ports = tcp_ports(pid)
+    engine = settings_dict["ENGINE"]
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    name = settings_dict["NAME"]
+    if "postgresql" in engine:
+        import psycopg
+
+        with psycopg.connect(
+            host=host,
+            port=int(settings_dict.get("PORT") or 5432),
+            user=settings_dict.get("USER") or "postgres",
+            password=settings_dict.get("PASSWORD") or None,
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND client_port = ANY(%s)",
+                [name, sorted(ports)],
+            ).fetchall()
+            ended = [row[0] for row in rows]
+            for backend_pid in ended:
+                conn.execute("SELECT pg_terminate_backend(%s)", [backend_pid])
+        return ended
+    if "mysql" in engine:
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=host,
+            port=int(settings_dict.get("PORT") or 3306),
+            user=settings_dict.get("USER") or "root",
+            password=settings_dict.get("PASSWORD") or "",
+        )
+        try:
+            cursor = conn.cursor()
+            cursor.execute(
+                "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE DB = %s", [name]
+            )
+            ended = [
+                int(row[0]) for row in cursor.fetchall()
+                if ":" in row[1] and int(row[1].rsplit(":", 1)[1]) in ports
+            ]
+            for thread_id in ended:
+                with contextlib.suppress(MySQLdb.OperationalError):  # ended in between
+                    cursor.execute(f"KILL {thread_id}")
+        finally:
+            conn.close()
+        return ended
+    raise ValueError(f"no way to kill connections of {engine}")
