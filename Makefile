@@ -5,14 +5,19 @@
 #   make lint    ruff and mypy
 #   make docs    the Sphinx documentation in docs/_build/html (warnings are errors)
 #   make demo    election, crash, takeover and shutdown of three processes (SQLite only)
+#   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
 #   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
 #                each in a venv of its own, where those interpreters exist
 #
 # Variables: PYTHON (the interpreter that creates .venv, default python3),
-# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x").
+# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"),
+# STORES, DURATION and SEED (make chaos: which stores, seconds of faults each, the seed).
 
 PYTHON ?= python3
 PYTEST_ARGS ?=
+STORES ?= sqlite postgresql mariadb redis
+DURATION ?= 600
+SEED ?= 1
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -21,7 +26,7 @@ STAMP := $(VENV)/.installed
 MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint docs demo compat compat-one clean distclean
+.PHONY: help venv test lint docs demo chaos compat compat-one clean distclean
 
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
@@ -29,6 +34,7 @@ help:
 	@echo "make lint       ruff check and mypy"
 	@echo "make docs       build the documentation into docs/_build/html (warnings are errors)"
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
+	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
 	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
 	@echo "make clean      remove caches, build output and .demo/"
 	@echo "make distclean  clean, and remove .venv too"
@@ -66,6 +72,14 @@ lint: venv
 # only on the first one after it changed.
 docs: venv
 	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
+
+# One seeded run per store against a private instance of it; each writes
+# docs/chaos/<store>.md, .json and .png. Every store runs even if an earlier one failed.
+chaos: venv
+	@status=0; for store in $(STORES); do \
+		$(BIN)/python -m tests.chaos --store $$store --duration $(DURATION) --seed $(SEED) \
+			--report docs/chaos/ || status=1; \
+	done; exit $$status
 
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health
 # and metrics), on the interpreters pyenv or the system provides; a missing one is skipped.

@@ -1,0 +1,146 @@
+"""An Elector candidate of a chaos run: ``python -m tests.chaos.candidate``.
+
+It campaigns for ``CHAOS_LEASE`` with the timing in ``CHAOS_TTL``, ``CHAOS_RENEW`` and
+``CHAOS_RETRY``, through the public API only (``Elector``, ``Lease.check()``,
+``Lease.fenced()``), and appends its leadership actions to the JSON-lines file
+``CHAOS_LOG``, every time stamped with ``CLOCK_BOOTTIME`` (see :mod:`tests.chaos.checker`):
+``elected``, ``act`` every :data:`ACT_EVERY` seconds while ``lease.check()`` passes,
+``stepped_down``, and on a database store (``CHAOS_FENCED=1``) a fenced write of a
+``FencedWrite`` row every :data:`WRITE_EVERY` seconds (``write``, or ``write_refused`` /
+``write_error``).
+
+SIGUSR1 arms a freeze: the next fenced write within a second SIGSTOPs this process inside
+``lease.fenced()``, after its insert, holding the lease row locked (``freezing``).
+SIGTERM stops the elector (which releases the lease) and exits 0.
+
+``python -m tests.chaos.candidate --migrate`` creates the tables of the store instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django_leader import Lease
+
+#: Seconds between two acts of the leader.
+ACT_EVERY = 0.05
+#: Seconds between two fenced writes of the leader.
+WRITE_EVERY = 0.1
+#: Seconds a freeze stays armed.
+FREEZE_ARMED = 1.0
+
+
+def clock() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+class Log:
+    """One JSON object per line, written whole (line buffered, one lock)."""
+
+    def __init__(self, path: str, who: str) -> None:
+        self.out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+        self.who = who
+        self.lock = threading.Lock()
+
+    def __call__(self, ev: str, t: float | None = None, **fields: Any) -> None:
+        record = {"ev": ev, "t": clock() if t is None else t, "who": self.who,
+                  "pid": os.getpid(), **fields}  # fmt: skip
+        line = json.dumps(record, default=str) + "\n"
+        with self.lock:
+            self.out.write(line)
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+
+    django.setup()
+    if sys.argv[1:] == ["--migrate"]:
+        from django.core.management import call_command
+
+        call_command("migrate", "django_leader", verbosity=0)
+        call_command("migrate", "demoapp", verbosity=0)
+        return
+
+    from django_leader import Elector, LeadershipLost, NotSupportedError
+    from testproject.demoapp.models import FencedWrite
+
+    who = os.environ["CHAOS_IDENTITY"]
+    log = Log(os.environ["CHAOS_LOG"], who)
+    fenced = os.environ.get("CHAOS_FENCED") == "1"
+    freeze_until = [0.0]
+    stop = threading.Event()
+
+    def fenced_write(lease: Lease) -> None:
+        try:
+            with lease.fenced():
+                made = clock()
+                row = FencedWrite.objects.create(writer=who, token=lease.token, note=f"{made:.6f}")
+                if clock() < freeze_until[0]:
+                    freeze_until[0] = 0.0
+                    log("freezing", token=lease.token)
+                    # Directed at this thread, SIGSTOP stops the whole process before the
+                    # call returns, inside the transaction, with the lease row locked.
+                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+                    log("resumed", token=lease.token)
+            log("write", t=made, token=lease.token, id=row.pk)
+        except LeadershipLost as exc:
+            log("write_refused", token=lease.token, error=str(exc))
+        except Exception as exc:  # a dead connection, a timeout: logged, the leader goes on
+            log("write_error", token=lease.token, error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def work(lease: Lease) -> None:
+        nonlocal fenced
+        next_write = 0.0
+        while True:
+            before = clock()
+            try:
+                lease.check()
+            except LeadershipLost:
+                break
+            log("act", t=before, t1=clock(), token=lease.token)
+            if fenced and clock() >= next_write:
+                try:
+                    fenced_write(lease)
+                except NotSupportedError:
+                    fenced = False
+                next_write = clock() + WRITE_EVERY
+            if lease.lost.wait(ACT_EVERY):
+                break
+        log("acting_end", token=lease.token)
+
+    elector = Elector(
+        os.environ["CHAOS_LEASE"],
+        ttl=float(os.environ["CHAOS_TTL"]),
+        renew_interval=float(os.environ["CHAOS_RENEW"]),
+        retry_interval=float(os.environ["CHAOS_RETRY"]),
+        identity=who,
+        on_elected=lambda lease: log("elected", token=lease.token),
+        on_lost=lambda lease: log(
+            "stepped_down", token=lease.token, reason=getattr(lease, "lost_reason", "")
+        ),
+    )
+
+    def arm_freeze(signum: int, frame: Any) -> None:
+        freeze_until[0] = clock() + FREEZE_ARMED
+
+    signal.signal(signal.SIGUSR1, arm_freeze)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    log("started")
+    elector.start(work)
+    while not stop.wait(0.5):
+        pass
+    elector.stop()
+    log("stopped")
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

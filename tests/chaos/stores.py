@@ -1,0 +1,517 @@
+"""The stores of a chaos run: private instances the harness starts, breaks and restarts.
+
+Never the machine's shared servers: each store here is a server of its own on a free port
+(``redis-server``; a PostgreSQL cluster made with ``initdb`` and run with ``pg_ctl``; a
+MariaDB made with ``mariadb-install-db`` and run with ``mariadbd``), or a SQLite file, in
+the run's work directory. As root, PostgreSQL runs as the user ``postgres`` and MariaDB as
+``mysql``.
+
+Each store knows the faults it can suffer (:attr:`Store.faults`) and injects them:
+:meth:`Store.inject` returns when the store answers again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from random import Random
+from typing import Any
+
+#: Seconds a server may take to answer after a start.
+START_TIMEOUT = 60.0
+#: The database the candidates use on a server.
+DATABASE = "chaos"
+#: The fenced writes, in commit order.
+ROWS = "SELECT id, token, writer, note FROM demoapp_fencedwrite ORDER BY id"
+
+
+def clock() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    give_up = clock() + timeout
+    while not condition():
+        if clock() > give_up:
+            raise RuntimeError(f"{what}: no answer within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+class Injected:
+    """What a store fault did: when it began, when the store answered again, and whether
+    the store may have lost state (which allows the lock-delay)."""
+
+    def __init__(self, start: float, ready: float, lossy: bool, detail: str = "") -> None:
+        self.start, self.ready, self.lossy, self.detail = start, ready, lossy, detail
+
+
+class Store:
+    """A store the candidates share (see the subclasses)."""
+
+    name = ""
+    #: The store faults this store can suffer.
+    faults: tuple[str, ...] = ()
+    #: Whether lease.fenced() works here (a database store).
+    fenced = True
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        self.workdir = workdir
+        self.ttl = ttl
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this store cannot run on this machine, or None."""
+        return None
+
+    def start(self) -> None:
+        """Start the private server and create the database."""
+
+    def env(self) -> dict[str, str]:
+        """The environment of a candidate process (testproject settings)."""
+        raise NotImplementedError
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        raise NotImplementedError(kind)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The fenced writes, as ``row`` records for the checker."""
+        return []
+
+    def stop(self) -> None:
+        """Stop the private server."""
+
+    def remove(self) -> None:
+        """Remove the server's files kept outside the work directory."""
+        base = getattr(self, "base", None)
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
+
+    @staticmethod
+    def _row(row: tuple[Any, ...]) -> dict[str, Any]:
+        row_id, token, writer, note = row
+        return {"ev": "row", "id": int(row_id), "token": int(token), "who": writer,
+                "t": float(note)}  # fmt: skip
+
+
+def _as_user(user: str) -> list[str]:
+    """The command prefix that runs a server as ``user`` when we are root."""
+    return ["runuser", "-u", user, "--"] if os.geteuid() == 0 else []
+
+
+def server_dir(kind: str, user: str) -> Path:
+    """A new directory for a server's files, owned by ``user`` when we are root, in the
+    system's temporary directory (the run's work directory may be closed to that user)."""
+    path = Path(tempfile.mkdtemp(prefix=f"chaos-{kind}-"))
+    path.chmod(0o755)
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(user)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    return path
+
+
+def _run(cmd: list[str], **options: Any) -> None:
+    """Run a server tool; its error output in the exception if it fails."""
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          **options)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {done.returncode}: {done.stderr[-1500:]}")
+
+
+def _down_for(rng: Random, ttl: float) -> float:
+    """How long a restarted server stays down: sometimes shorter than the TTL (the leader
+    may keep its lease), sometimes longer (it must step down)."""
+    return rng.uniform(0.1, 1.5) * ttl
+
+
+class SQLiteStore(Store):
+    name = "sqlite"
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        super().__init__(workdir, ttl)
+        self.path = workdir / "chaos.sqlite3"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DATABASE_URL": f"sqlite:///{self.path}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        with sqlite3.connect(self.path, timeout=30) as db:
+            found = db.execute(ROWS)
+            return [self._row(row) for row in found]
+
+
+class RedisStore(Store):
+    """A private ``redis-server`` without automatic persistence; the history goes to a
+    SQLite file. ``SAVE`` writes ``current.rdb``; a snapshot is a copy of it set aside."""
+
+    name = "redis"
+    faults = ("flush", "redis-restart-volatile", "redis-restart-persistent",
+              "redis-restore-old", "conn-kill")  # fmt: skip
+    fenced = False
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        super().__init__(workdir, ttl)
+        self.port = free_port()
+        self.dir = workdir / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.history = workdir / "history.sqlite3"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.snapshot: Path | None = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if shutil.which("redis-server") is None:
+            return "redis: redis-server is not installed"
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            return "redis: Python package 'redis' not installed"
+        return None
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=5, socket_connect_timeout=1)
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir), "--dbfilename", "current.rdb"],
+            stdout=open(self.workdir / "redis.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_until(self.answers, START_TIMEOUT, "redis-server")
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def env(self) -> dict[str, str]:
+        return {
+            "REDIS_URL": f"redis://127.0.0.1:{self.port}/0",
+            "DATABASE_URL": f"sqlite:///{self.history}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.cache.CacheBackend",
+            "DJANGO_LEADER_CACHE": "redis",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def take_snapshot(self) -> None:
+        """SAVE, and set the file aside: a later ``redis-restore-old`` starts from it."""
+        self.client().save()
+        self.snapshot = self.dir / "older.rdb"
+        shutil.copyfile(self.dir / "current.rdb", self.snapshot)
+
+    def _kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        start = clock()
+        if kind == "flush":
+            self.client().flushdb()
+            return Injected(start, clock(), lossy=True)
+        if kind == "conn-kill":
+            killed = self.client().client_kill_filter(_type="normal", skipme=True)
+            return Injected(start, clock(), lossy=False, detail=f"{killed} clients")
+        if kind == "redis-restart-persistent":
+            # SHUTDOWN SAVE: everything is on disk; the restart loses nothing. But nobody can
+            # tell it from a restart from an older file (the next fault), so the lock-delay
+            # is allowed: lossy for the liveness bound.
+            # (the connection drops as the server exits)
+            with contextlib.suppress(Exception):
+                self.client().shutdown(save=True)
+            assert self.proc is not None
+            self.proc.wait()
+            lossy = True
+        else:
+            self._kill()  # SIGKILL: a crash, nothing saved
+            current = self.dir / "current.rdb"
+            if kind == "redis-restart-volatile":
+                current.unlink(missing_ok=True)
+            elif kind == "redis-restore-old":
+                assert self.snapshot is not None
+                shutil.copyfile(self.snapshot, current)
+            else:
+                raise ValueError(kind)
+            lossy = True
+        down = _down_for(rng, self.ttl)
+        time.sleep(down)
+        self.start()
+        return Injected(start, clock(), lossy=lossy, detail=f"down {down:.2f} s")
+
+    def rows(self) -> list[dict[str, Any]]:
+        return []
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._kill()
+
+
+class PostgreSQLStore(Store):
+    """A private PostgreSQL cluster (``initdb``, ``pg_ctl``), ``fsync`` off (a restart is
+    a crash of the server, not of the machine: nothing committed is lost)."""
+
+    name = "postgresql"
+    faults = ("pg-restart", "conn-kill")
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        super().__init__(workdir, ttl)
+        self.port = free_port()
+        self.base = server_dir("pg", "postgres")
+        self.data = self.base / "data"
+
+    @staticmethod
+    def bindir() -> str | None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if found:
+            return os.path.dirname(found[-1])
+        initdb = shutil.which("initdb")
+        return None if initdb is None else os.path.dirname(initdb)
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if cls.bindir() is None:
+            return "postgresql: initdb is not installed (/usr/lib/postgresql/*/bin)"
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                return "postgresql: running as root, and there is no user 'postgres'"
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            return "postgresql: Python driver 'psycopg' not installed"
+        return None
+
+    def _pg(self, *args: str) -> None:
+        _run([*_as_user("postgres"), *args], cwd="/")
+
+    def start(self) -> None:
+        bindir = self.bindir()
+        assert bindir is not None
+        if not self.data.exists():
+            self._pg(f"{bindir}/initdb", "-D", str(self.data), "-U", "postgres",
+                     "--auth=trust", "-E", "UTF8", "--no-sync")  # fmt: skip
+            self._start()
+            with self.connect("postgres") as db:
+                db.execute(f"CREATE DATABASE {DATABASE}")
+        else:
+            self._start()
+
+    def _start(self) -> None:
+        options = (f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
+                   "-c fsync=off -c max_connections=200")  # fmt: skip
+        self._pg(f"{self.bindir()}/pg_ctl", "-D", str(self.data), "-o", options,
+                 "-l", str(self.base / "server.log"), "-w", "-t", "60", "start")  # fmt: skip
+        wait_until(self.answers, START_TIMEOUT, "postgresql")
+
+    def connect(self, database: str = DATABASE) -> Any:
+        import psycopg
+
+        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                               dbname=database, connect_timeout=2, autocommit=True)  # fmt: skip
+
+    def answers(self) -> bool:
+        try:
+            with self.connect("postgres") as db:
+                db.execute("SELECT 1")
+            return True
+        except Exception:
+            return False
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DATABASE_URL": f"postgres://postgres@127.0.0.1:{self.port}/{DATABASE}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        start = clock()
+        if kind == "conn-kill":
+            with self.connect() as db:
+                killed = db.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()", [DATABASE]
+                ).fetchone()
+            return Injected(start, clock(), lossy=False, detail=f"{killed[0]} connections")
+        if kind != "pg-restart":
+            raise ValueError(kind)
+        self._pg(f"{self.bindir()}/pg_ctl", "-D", str(self.data), "-m", "immediate", "-w",
+                 "stop")  # fmt: skip
+        down = _down_for(rng, self.ttl)
+        time.sleep(down)
+        self._start()
+        return Injected(start, clock(), lossy=False, detail=f"down {down:.2f} s")
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self.connect() as db:
+            found = db.execute(ROWS)
+            return [self._row(row) for row in found.fetchall()]
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            subprocess.run(
+                [*_as_user("postgres"), f"{self.bindir()}/pg_ctl", "-D", str(self.data),
+                 "-m", "immediate", "-w", "stop"],
+                cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+
+class MariaDBStore(Store):
+    """A private MariaDB (``mariadb-install-db``, ``mariadbd``) with ``--skip-grant-tables``
+    (only this run connects, on 127.0.0.1). A restart is a SIGKILL of the server: InnoDB
+    recovers every committed transaction."""
+
+    name = "mariadb"
+    faults = ("mariadb-restart", "conn-kill")
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        super().__init__(workdir, ttl)
+        self.port = free_port()
+        self.base = server_dir("mariadb", "mysql")
+        self.data = self.base / "data"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        for binary in ("mariadb-install-db", "mariadbd"):
+            if shutil.which(binary) is None and not os.path.exists(f"/usr/sbin/{binary}"):
+                return f"mariadb: {binary} is not installed"
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("mysql")
+            except KeyError:
+                return "mariadb: running as root, and there is no user 'mysql'"
+        try:
+            import MySQLdb  # noqa: F401
+        except ImportError:
+            return "mariadb: Python driver 'MySQLdb' not installed"
+        return None
+
+    def start(self) -> None:
+        if not self.data.exists():
+            user = ["--user=mysql"] if os.geteuid() == 0 else []
+            _run(["mariadb-install-db", "--no-defaults", *user, f"--datadir={self.data}",
+                  "--auth-root-authentication-method=normal", "--skip-test-db"],
+                 cwd="/")  # fmt: skip
+            self._start()
+            with self.connect(None) as db:
+                db.cursor().execute(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4")
+        else:
+            self._start()
+
+    def _start(self) -> None:
+        binary = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
+        user = ["--user=mysql"] if os.geteuid() == 0 else []
+        self.proc = subprocess.Popen(
+            [binary, "--no-defaults", *user, f"--datadir={self.data}", f"--port={self.port}",
+             "--bind-address=127.0.0.1", f"--socket={self.base}/mysqld.sock",
+             f"--pid-file={self.base}/mysqld.pid", "--skip-grant-tables", "--skip-log-bin",
+             "--innodb-flush-log-at-trx-commit=2", "--innodb-buffer-pool-size=64M",
+             "--max-connections=300", f"--log-error={self.base}/error.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(self.answers, START_TIMEOUT, "mariadbd")
+
+    def connect(self, database: str | None = DATABASE) -> Any:
+        import MySQLdb
+
+        extra = {} if database is None else {"database": database}
+        return MySQLdb.connect(host="127.0.0.1", port=self.port, user="root",
+                               connect_timeout=2, autocommit=True, **extra)  # fmt: skip
+
+    def answers(self) -> bool:
+        try:
+            db = self.connect(None)
+            db.close()
+            return True
+        except Exception:
+            return False
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DATABASE_URL": f"mysql://root@127.0.0.1:{self.port}/{DATABASE}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        start = clock()
+        if kind == "conn-kill":
+            db = self.connect()
+            try:
+                cursor = db.cursor()
+                cursor.execute(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE id <> CONNECTION_ID() AND db = %s", [DATABASE]
+                )
+                ids = [row[0] for row in cursor.fetchall()]
+                killed = 0
+                for connection_id in ids:
+                    with contextlib.suppress(Exception):  # it may have ended meanwhile
+                        cursor.execute(f"KILL CONNECTION {int(connection_id)}")
+                        killed += 1
+            finally:
+                db.close()
+            return Injected(start, clock(), lossy=False, detail=f"{killed} connections")
+        if kind != "mariadb-restart":
+            raise ValueError(kind)
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        down = _down_for(rng, self.ttl)
+        time.sleep(down)
+        self._start()
+        return Injected(start, clock(), lossy=False, detail=f"down {down:.2f} s")
+
+    def rows(self) -> list[dict[str, Any]]:
+        db = self.connect()
+        try:
+            cursor = db.cursor()
+            cursor.execute(ROWS)
+            return [self._row(row) for row in cursor.fetchall()]
+        finally:
+            db.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+#: --store name -> class (``mysql`` is MariaDB too).
+STORES: dict[str, type[Store]] = {
+    "sqlite": SQLiteStore,
+    "postgresql": PostgreSQLStore,
+    "mariadb": MariaDBStore,
+    "mysql": MariaDBStore,
+    "redis": RedisStore,
+}
