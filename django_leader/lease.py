@@ -8,12 +8,29 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from .exceptions import LeadershipLost
 
 if TYPE_CHECKING:
     from .backends.base import Backend
+
+
+class EventKind(str, Enum):
+    """What a history event (``LeaseEvent.kind``) records: one change of a lease's holder."""
+
+    ACQUIRED = "acquired"
+    #: Acquired after the previous holder's term expired.
+    TAKEN_OVER = "taken_over"
+    RELEASED = "released"
+    #: The holder noticed it no longer holds the lease (a failed renewal, its deadline).
+    LOST = "lost"
+    #: An operator freed the lease (``leader release``, the admin's action).
+    FORCED_RELEASE = "forced_release"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def _boottime() -> float:

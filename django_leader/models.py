@@ -6,6 +6,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from .conf import MAX_IDENTITY_LENGTH, MAX_NAME_LENGTH
+from .lease import EventKind
 
 
 class Lease(models.Model):
@@ -42,11 +43,11 @@ class LeaseEvent(models.Model):
     """One change of a lease's holder: who, which token, when (server clock), why."""
 
     class Kind(models.TextChoices):
-        ACQUIRED = "acquired", _("acquired")
-        TAKEN_OVER = "taken_over", _("taken over after expiry")
-        RELEASED = "released", _("released")
-        LOST = "lost", _("lost")
-        FORCED_RELEASE = "forced_release", _("force-released")
+        ACQUIRED = EventKind.ACQUIRED.value, _("acquired")
+        TAKEN_OVER = EventKind.TAKEN_OVER.value, _("taken over after expiry")
+        RELEASED = EventKind.RELEASED.value, _("released")
+        LOST = EventKind.LOST.value, _("lost")
+        FORCED_RELEASE = EventKind.FORCED_RELEASE.value, _("force-released")
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH)

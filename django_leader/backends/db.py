@@ -33,7 +33,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..conf import get_settings, lock_delay
 from ..exceptions import BackendUnavailable, LeadershipLost
-from ..lease import Lease, clock
+from ..lease import EventKind, Lease, clock
 from .base import Backend
 
 logger = logging.getLogger("django_leader")
@@ -493,7 +493,7 @@ class DatabaseBackend(Backend):
                     last = cursor.fetchone()
                     if last is not None:
                         # A term that ended in release() leaves nobody believing it leads.
-                        top, released = int(last[0]), last[1] == "released"
+                        top, released = int(last[0]), last[1] == EventKind.RELEASED
                 if top > 0 and not released:
                     # The history knows the name: its row was deleted, and its last holder
                     # may still believe it leads. Re-create the row held by nobody until
@@ -574,7 +574,7 @@ class DatabaseBackend(Backend):
             cursor.execute(sql, [lease.name, lease.holder, lease.token])
             released = cursor.rowcount == 1
             if released and self.history:
-                self._insert_event(cursor, "released", lease)
+                self._insert_event(cursor, EventKind.RELEASED, lease)
         return released
 
     def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
