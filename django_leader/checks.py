@@ -6,9 +6,12 @@
 * W002 — migrations of django_leader are not applied to the lease database (run ``manage.py
   migrate django_leader``); also in a plain ``manage.py check``. A warning, not an error, so
   that it never blocks ``migrate`` itself.
-* E004 — ``BACKEND`` is the cache backend but ``CACHE`` does not name a Redis cache
+* E004 — ``BACKEND`` is the Redis backend but ``CACHE`` does not name a Redis cache
   (django-redis or Django's RedisCache): no other cache gives an atomic compare-and-set
   across processes.
+* Any other message the configured backend class reports about the settings
+  (:meth:`Backend.check_configuration <django_leader.backends.base.Backend.check_configuration>`;
+  E004 is the Redis backend's).
 * W001 — the lease database is an in-memory SQLite database, which other connections
   (and so other processes) cannot see.
 """
@@ -46,7 +49,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             Error(
                 f"DJANGO_LEADER['BACKEND'] {conf.backend!r} cannot be imported: {exc}",
                 hint="Use 'django_leader.backends.db.DatabaseBackend' or "
-                "'django_leader.backends.cache.CacheBackend'.",
+                "'django_leader.backends.redis.RedisBackend'.",
                 id="django_leader.E002",
             )
         )
@@ -60,10 +63,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
         else:
-            from .backends.cache import CacheBackend
-
-            if issubclass(backend, CacheBackend):
-                messages += _check_cache(conf.cache)
+            messages += backend.check_configuration(conf)
     db = connections.settings.get(conf.database, {})
     if db.get("ENGINE", "").endswith("sqlite3") and _in_memory(db.get("NAME")):
         messages.append(
@@ -75,26 +75,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     return messages
-
-
-def _check_cache(alias: str) -> list[CheckMessage]:
-    from django.core.cache import caches
-    from django.core.cache.backends.base import InvalidCacheBackendError
-
-    from .backends.cache import redis_client
-
-    try:
-        redis_client(caches[alias])
-    except (ImproperlyConfigured, InvalidCacheBackendError) as exc:
-        return [
-            Error(
-                f"DJANGO_LEADER['CACHE'] {alias!r}: {exc}",
-                hint="Point CACHE at a cache using django_redis.cache.RedisCache or "
-                "django.core.cache.backends.redis.RedisCache, or use the database backend.",
-                id="django_leader.E004",
-            )
-        ]
-    return []
 
 
 def _in_memory(name: Any) -> bool:
@@ -115,11 +95,13 @@ def check_migrations(
     never creates a SQLite file. A database it cannot reach makes it say nothing: that is
     :func:`check_database`'s E003, when databases are checked on purpose.
     """
+    from .backends import migration_state
+
     alias = _lease_database()
     if alias is None:
         return []
     try:
-        missing_tables, unapplied = _migration_state(alias)
+        missing_tables, unapplied = migration_state(alias)
     except Exception:  # unreachable, or database access not allowed here (tests)
         return []
     if missing_tables:
@@ -143,11 +125,13 @@ def check_database(
 ) -> list[CheckMessage]:
     """E003: the lease database cannot be inspected. A database check: Django runs it only
     when asked to (``manage.py check --database <alias>``, ``migrate``)."""
+    from .backends import migration_state
+
     alias = _lease_database()
     if alias is None or not databases or alias not in databases:
         return []
     try:
-        _migration_state(alias)
+        migration_state(alias)
     except Exception as exc:
         return [Error(f"cannot inspect database {alias!r}: {exc}", id="django_leader.E003")]
     return []
@@ -163,53 +147,13 @@ def _lease_database() -> str | None:
     return alias if alias in connections.settings else None
 
 
-def _migration_state(alias: str) -> tuple[list[str], list[str]]:
-    """The django_leader tables missing in ``alias``, and its migrations not applied there
-    (as ``migrate`` would see them: squashes, ``MIGRATION_MODULES``)."""
-    import os
-
-    from django.apps import apps
-    from django.db.migrations.loader import MigrationLoader
-
-    from .backends.db import DatabaseBackend
-
-    tables_of = sorted(m._meta.db_table for m in apps.get_app_config("django_leader").get_models())
-    settings_dict = connections[alias].settings_dict
-    name = str(settings_dict.get("NAME") or "")
-    if (
-        connections[alias].vendor == "sqlite"
-        and not _in_memory(name)
-        and not name.startswith("file:")
-        and not os.path.exists(name)
-    ):
-        return tables_of, []  # no database file yet: connecting would create it
-    probe = DatabaseBackend(alias)  # a private connection with the store's timeouts
-    try:
-        wrapper = probe._connection()
-        with wrapper.cursor() as cursor:
-            tables = set(wrapper.introspection.table_names(cursor))
-        loader = MigrationLoader(wrapper, ignore_no_migrations=True)
-        plan = [
-            key
-            for leaf in loader.graph.leaf_nodes("django_leader")
-            for key in loader.graph.forwards_plan(leaf)
-        ]
-        unapplied = [
-            migration
-            for app, migration in dict.fromkeys(plan)
-            if app == "django_leader" and (app, migration) not in loader.applied_migrations
-        ]
-    finally:
-        probe.close()
-    return [table for table in tables_of if table not in tables], unapplied
-
-
 # -- Celery beat ---------------------------------------------------------------------------
 # W010 — DJANGO_LEADER["BEAT_SCHEDULER"] cannot be imported, is not a Celery scheduler, or is
 #        LeaderScheduler itself (it must name the scheduler LeaderScheduler wraps).
 # W011 — it is django-celery-beat's scheduler but ``django_celery_beat`` is not installed.
-# W012 — beats use LeaderScheduler but BACKEND cannot fence the beat's slot records (only the
-#        database and cache backends can): a failover may send a slot again.
+# W012 — beats use LeaderScheduler but BACKEND cannot fence the beat's slot records (its
+#        ``shared_slots`` is False; the database and Redis backends can): a failover may
+#        send a slot again.
 # W013 — DJANGO_LEADER["BEAT_SCHEDULER"] is set but CELERY_BEAT_SCHEDULER names another
 #        scheduler: the beats do not elect a leader, every one of them sends.
 # Warnings, not errors: they concern beat processes only, and must not stop a web deploy.
@@ -257,20 +201,17 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             )
     beat_scheduler = str(getattr(settings, "CELERY_BEAT_SCHEDULER", "") or "")
     if "LeaderScheduler" in beat_scheduler:
-        from .backends.cache import CacheBackend
-        from .backends.db import DatabaseBackend
-
         try:
             backend = import_string(conf.backend)
         except ImportError:
             backend = None  # reported as E002
-        if isinstance(backend, type) and not issubclass(backend, (DatabaseBackend, CacheBackend)):
+        if isinstance(backend, type) and not getattr(backend, "shared_slots", False):
             messages.append(
                 Warning(
                     f"DJANGO_LEADER['BACKEND'] {conf.backend!r} cannot fence the beat's "
                     "records of the slots it sent: they stay in each beat process, and a "
                     "failover may send an entry's last slot again.",
-                    hint="Use the database backend or the cache (Redis) backend.",
+                    hint="Use the database backend or the Redis backend.",
                     id="django_leader.W012",
                 )
             )

@@ -28,9 +28,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_leader import LeadershipLost, LeaseHeld, current_lease
 from django_leader.backends.cache import CacheBackend
+from django_leader.backends.slots import Slot, entry_key
 from django_leader.celery import LeaderScheduler, singleton_task
 from django_leader.celery.beat import wrapped_scheduler_class
-from django_leader.celery.state import Slot, entry_key, slot_store
 from django_leader.celery.tasks import release_abandoned, singleton_spec, task_identity
 from django_leader.lease import clock
 from django_leader.locks import resolve_backend
@@ -370,7 +370,7 @@ def test_slot_records_are_fenced_by_the_lease(store: Any) -> None:
     from django_leader.locks import acquire_once
 
     name = f"beat-{tag()}"
-    slots = slot_store(store)
+    slots = store.slots()
     timing = resolve_timing(30)
     old, _ = acquire_once(store, name, "old-leader", timing)
     assert old is not None
@@ -429,7 +429,7 @@ def test_slot_records_survive_a_connection_the_database_closed(server_db_store: 
     store = server_db_store
     assert isinstance(store, DatabaseBackend)
     connection = connections[store.alias]
-    slots = slot_store(store)
+    slots = store.slots()
     lease, _ = acquire_once(store, f"beat-{tag()}", "the-leader", resolve_timing(30))
     assert lease is not None
     at = datetime.now(timezone.utc)
@@ -556,7 +556,7 @@ def test_leader_sends_with_slot_headers_and_records_the_slot(
     assert headers["django_leader_holder"] == lease.holder
     assert headers["django_leader_entry"] == "every-second"
     assert message.options["task_id"]
-    record = slot_store(store).load(lease)["every-second"]
+    record = store.slots().load(lease)["every-second"]
     assert record.at.isoformat() == headers["django_leader_slot"]
     assert record.sent is True and record.task_id == message.options["task_id"]
 
@@ -604,7 +604,7 @@ def test_a_deposed_leader_that_does_not_know_it_sends_nothing(
     entry.last_run_at = app.now() - timedelta(seconds=5)
     assert inner.apply_async(entry) is None
     assert sent.messages == []  # the fenced record was refused, so nothing was sent
-    assert "every-second" not in slot_store(store).load(taken)
+    assert "every-second" not in store.slots().load(taken)
 
 
 def test_a_follower_builds_nothing_and_waits_in_tick(beats: Any, sent: Sent, store: Any) -> None:
@@ -730,7 +730,7 @@ def test_slot_times_are_the_stores_a_skewed_beat_clock_does_not_shift_the_schedu
         assert len(sent.messages) == 1
         lease = first.elector.lease  # type: ignore[union-attr]
         assert lease is not None
-        record = slot_store(store).load(lease)["every-two-seconds"]
+        record = store.slots().load(lease)["every-two-seconds"]
         first.close()  # hands over
     assert abs((record.at - real).total_seconds()) < 60, (record.at, real)
     assert sent.messages[0].options["headers"]["django_leader_slot"] == record.at.isoformat()

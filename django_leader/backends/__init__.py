@@ -1,4 +1,13 @@
-"""Lease stores. Pick one with ``DJANGO_LEADER["BACKEND"]`` (a dotted path)."""
+"""Lease stores. Pick one with ``DJANGO_LEADER["BACKEND"]`` (a dotted path).
+
+The contract is :class:`~django_leader.backends.base.Backend`; the stores shipped are
+:class:`~django_leader.backends.db.DatabaseBackend` (``backends/db.py``, with ``sql.py``,
+``db_connection.py``, ``db_fence.py`` and ``db_slots.py``) and
+:class:`~django_leader.backends.redis.RedisBackend` (``backends/redis.py``, with
+``redis_scripts.py`` and ``redis_slots.py``; ``backends/cache.py`` keeps its former name
+``CacheBackend``). Code outside this package uses the contract and the functions below,
+never a concrete store.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +59,8 @@ def get_backend(path: str | None = None, *, timeout: float | None = None) -> Bac
 
 def timeout_bucket(timeout: float) -> float:
     """The largest ``TIMEOUT_STEP * 2**k`` (k an integer, maybe negative) not above
-    ``timeout``: never longer than asked (SPEC rule 6), at most half as long."""
+    ``timeout``: never longer than asked (every call is bounded, see docs/safety.md), at
+    most half as long."""
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0, got {timeout!r}")
     bucket = TIMEOUT_STEP
@@ -72,3 +82,22 @@ def _load(path: str, timeout: float | None, what: str) -> Backend:
         )
     factory: Any = cls  # the contract does not fix constructor arguments; ours take timeout
     return factory() if timeout is None else factory(timeout=timeout)
+
+
+def migration_state(alias: str) -> tuple[list[str], list[str]]:
+    """The django_leader tables missing in database ``alias``, and its migrations not
+    applied there (as ``migrate`` would see them), looked at over a private connection
+    bounded by the store's timeouts; never creates a SQLite file. Raises whatever the
+    database raises when it cannot be inspected. (System checks W002 and E003.)"""
+    from .db_connection import migration_state as probe
+
+    return probe(alias)
+
+
+def close_unusable_connections() -> None:
+    """Close each of this thread's Django connections that an error left unusable (a
+    working one is kept), for a thread without a request cycle (beat): else a connection
+    the server closed would fail every call after it."""
+    from .db_slots import close_unusable_connections as close
+
+    close()

@@ -44,11 +44,12 @@ from celery.beat import Scheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 from django.core.exceptions import ImproperlyConfigured
 
+from ..backends import close_unusable_connections
+from ..backends.slots import Slot, SlotStore, entry_key
 from ..conf import get_settings, validate_name
 from ..elector import Elector
 from ..exceptions import LeadershipLost
 from ..lease import Lease, clock
-from .state import Slot, SlotStore, close_unusable_connections, entry_key, slot_store
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -257,7 +258,7 @@ class LeaderScheduler(Scheduler):
 
             django.setup()
         self._elector = BeatElector(self, self.lease)
-        self._slots = slot_store(self._elector.backend)
+        self._slots = self._elector.backend.slots()
         self._elector.start()
         threading.Thread(
             target=self._watch, name=f"leader-beat-watchdog:{self.lease}", daemon=True

@@ -1,4 +1,4 @@
-"""Best-effort history for stores that are not the database (the cache backend).
+"""Best-effort history for stores that are not the database (the Redis backend).
 
 Events are queued and written to ``DJANGO_LEADER["DATABASE"]`` by a background thread, so
 a slow or unreachable database never blocks or breaks a lease operation. An event that
@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
-from .lease import Lease
+from ..lease import Lease
 
 logger = logging.getLogger("django_leader")
 
@@ -82,7 +82,7 @@ class HistoryWriter:
                 self._thread.start()
 
     def _run(self) -> None:
-        from .backends.db import DatabaseBackend
+        from .db import DatabaseBackend
 
         store: DatabaseBackend | None = None
         while True:

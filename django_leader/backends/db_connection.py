@@ -1,0 +1,167 @@
+"""The database backend's private connections, and the migration probe of the checks.
+
+Lease operations run on a connection of their own (one per thread), so they commit at once
+even when called inside the caller's ``transaction.atomic()``, and every call is bounded by
+a connect/statement timeout shorter than the renew deadline. A forked child drops the
+connections it inherited (they are the parent's sockets) and opens its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+import weakref
+from contextlib import suppress
+from typing import Any
+
+from django.db import connections
+from django.db.utils import Error as DjangoDBError
+from django.db.utils import load_backend
+
+from .sql import DIALECTS, Dialect
+
+#: Seconds a private connection may sit idle before it is checked (is_usable()) on reuse.
+IDLE_CHECK = 10.0
+
+#: Every PrivateConnection, so that a forked child can drop what it inherited.
+_instances: weakref.WeakSet[PrivateConnection] = weakref.WeakSet()
+#: Every open private connection wrapper, of every thread (weakly: one whose thread ended
+#: goes as it always did).
+_wrappers: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Strong references taken just before a fork (see _before_fork).
+_pinned: list[Any] = []
+
+
+def _before_fork() -> None:
+    # A forked child keeps only the forking thread: Python frees the thread-local data of
+    # every other thread in the child, and a connection freed there says goodbye to the
+    # server (MySQL's COM_QUIT, PostgreSQL's Terminate) on the socket it shares with the
+    # parent, which ends the parent's session. Pin them all across the fork.
+    _pinned[:] = list(_wrappers)
+
+
+def _after_fork_in_parent() -> None:
+    _pinned.clear()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's sockets are not this process's to use, nor to close (closing would
+    # end the parent's session): forget them, keeping them referenced, and start afresh.
+    _inherited.append(list(_pinned))
+    _pinned.clear()
+    for private in list(_instances):
+        _inherited.append(private._local)
+        private._local = threading.local()
+
+
+_inherited: list[Any] = []
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
+
+
+class PrivateConnection:
+    """A connection of the lease store's own to database ``alias``, one per thread, with
+    the store's timeouts (``dialect.timeout_options``) and autocommit: lease operations
+    commit at once, even inside the caller's ``transaction.atomic()``."""
+
+    def __init__(self, alias: str, dialect: Dialect, timeout: float) -> None:
+        self.alias = alias
+        self.dialect = dialect
+        self.timeout = timeout
+        self._local = threading.local()
+        _instances.add(self)
+
+    def get(self) -> Any:
+        """This thread's private connection wrapper, created on first use.
+
+        One idle for longer than :data:`IDLE_CHECK` is checked before use (a database
+        restart, a server-side idle timeout or a proxy may have dropped it), so the call
+        after an idle spell does not fail on a dead socket.
+        """
+        wrapper = getattr(self._local, "wrapper", None)
+        now = time.monotonic()
+        if (
+            wrapper is not None
+            and wrapper.connection is not None
+            and now - getattr(self._local, "used_at", now) > IDLE_CHECK
+            and not wrapper.is_usable()
+        ):
+            self.close()
+            wrapper = None
+        self._local.used_at = now
+        if wrapper is None:
+            settings_dict = copy.deepcopy(connections[self.alias].settings_dict)
+            options = dict(settings_dict.get("OPTIONS") or {})
+            # Lease statements want plain READ COMMITTED, whatever the project uses: under
+            # REPEATABLE READ/SERIALIZABLE racing acquirers would fail instead of waiting.
+            options.pop("isolation_level", None)
+            settings_dict["OPTIONS"] = self.dialect.timeout_options(options, self.timeout)
+            settings_dict["ATOMIC_REQUESTS"] = False
+            settings_dict["AUTOCOMMIT"] = True
+            settings_dict["CONN_MAX_AGE"] = None
+            settings_dict["CONN_HEALTH_CHECKS"] = False
+            wrapper = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(
+                settings_dict, self.alias
+            )
+            self._local.wrapper = wrapper
+            _wrappers.add(wrapper)
+        return wrapper
+
+    def close(self) -> None:
+        wrapper = getattr(self._local, "wrapper", None)
+        if wrapper is not None:
+            self._local.wrapper = None
+            with suppress(DjangoDBError):
+                wrapper.close()
+
+
+def migration_state(alias: str) -> tuple[list[str], list[str]]:
+    """The django_leader tables missing in database ``alias``, and its migrations not
+    applied there (as ``migrate`` would see them: squashes, ``MIGRATION_MODULES``).
+
+    Looks over a private connection with the store's timeouts, closed at once, and never
+    creates a SQLite file (a missing file: every table is missing). Raises whatever the
+    database raises when it cannot be reached."""
+    from django.apps import apps
+    from django.db.migrations.loader import MigrationLoader
+
+    tables_of = sorted(m._meta.db_table for m in apps.get_app_config("django_leader").get_models())
+    name = str(connections[alias].settings_dict.get("NAME") or "")
+    in_memory = name in ("", ":memory:") or "mode=memory" in name
+    if (
+        connections[alias].vendor == "sqlite"
+        and not in_memory
+        and not name.startswith("file:")
+        and not os.path.exists(name)
+    ):
+        return tables_of, []  # no database file yet: connecting would create it
+    from ..conf import get_settings
+
+    vendor = connections[alias].vendor
+    if vendor not in DIALECTS:
+        raise NotImplementedError(f"django_leader has no SQL for database vendor {vendor!r}")
+    probe = PrivateConnection(alias, DIALECTS[vendor](), get_settings().timing.call_timeout)
+    try:
+        wrapper = probe.get()
+        with wrapper.cursor() as cursor:
+            tables = set(wrapper.introspection.table_names(cursor))
+        loader = MigrationLoader(wrapper, ignore_no_migrations=True)
+        plan = [
+            key
+            for leaf in loader.graph.leaf_nodes("django_leader")
+            for key in loader.graph.forwards_plan(leaf)
+        ]
+        unapplied = [
+            migration
+            for app, migration in dict.fromkeys(plan)
+            if app == "django_leader" and (app, migration) not in loader.applied_migrations
+        ]
+    finally:
+        probe.close()
+    return [table for table in tables_of if table not in tables], unapplied

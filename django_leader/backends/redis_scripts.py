@@ -1,0 +1,207 @@
+"""The Lua scripts of the Redis backend: each lease operation is one of them, so each
+check-and-write is atomic on the server, and every time in it comes from the server
+(``TIME``, ``PEXPIRE``). See :mod:`django_leader.backends.redis` for the keys they use.
+"""
+
+# Shared Lua: server time in microseconds, as a number (exact: < 2^53) and as a string.
+NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function str(n) return string.format('%.0f', n) end
+"""
+
+# Has the store lost state since it was last used (see "When the store forgets" in
+# docs/safety.md)? Sets ``lost`` (true when
+# this call noticed a loss), ``epoch`` (changes with every loss noticed) and ``fence`` (no
+# lease may be taken before it, server microseconds). KEYS[3]: the store marker, a hash
+# without expiry: run_id (the server process it was written by), epoch, fence.
+# ARGV[4]: the lock-delay in milliseconds.
+STORE = r"""
+local info = redis.call('INFO', 'server')
+local run_id = string.match(info, 'run_id:(%w+)')
+local delay = tonumber(ARGV[4]) * 1000
+local store = redis.call('HMGET', KEYS[3], 'run_id', 'epoch', 'fence')
+local epoch = store[2]
+local fence = tonumber(store[3]) or 0
+local lost = false
+if not store[1] then
+  -- The marker is gone: FLUSHDB/FLUSHALL, a restart without persistence, a deletion by
+  -- hand, or a store never used before. Without a flush since the server started, what
+  -- was lost was lost when it started; else at an unknown time, so count from now.
+  local stats = redis.call('INFO', 'commandstats')
+  local flushes = tonumber(string.match(stats, 'cmdstat_flushdb:calls=(%d+)') or '0')
+                  + tonumber(string.match(stats, 'cmdstat_flushall:calls=(%d+)') or '0')
+  local since = now
+  if flushes == 0 then
+    since = now - tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) * 1000000
+  end
+  epoch = str(now)
+  fence = math.max(fence, since + delay)
+  lost = true
+elseif store[1] ~= run_id then
+  -- Another server process: restarted (from a snapshot or an AOF that may be older than
+  -- the last writes) or failed over to a replica that may have missed them.
+  epoch = str(now)
+  fence = math.max(fence, now + delay)
+  lost = true
+elseif fence > now then
+  -- A lock-delay is running: a caller with a longer ttl (hence longer-lived peers) makes
+  -- it longer, counted from when it began.
+  local began = tonumber(epoch) or now
+  if began + delay > fence then
+    fence = began + delay
+    redis.call('HSET', KEYS[3], 'fence', str(fence))
+  end
+end
+if lost then
+  redis.call('HSET', KEYS[3], 'run_id', run_id, 'epoch', epoch, 'fence', str(fence))
+end
+"""
+
+# KEYS: lease, meta, store, terms. ARGV: holder, ttl_ms, name, lock_delay_ms. Returns {acquired
+# (0/1), holder, token, acquired_at, renewed_at, expires_at, transitions, previous_holder,
+# previous_released, lock-delay left in microseconds (0 if none), 1 if this call noticed a
+# loss that starts a lock-delay}.
+ACQUIRE = (
+    NOW
+    + STORE
+    + """
+local lost_flag = '0'
+if lost and fence > now then lost_flag = '1' end
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
+                           'expires_at')
+if current[1] then
+  local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
+  return {0, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
+          '0', lost_flag}
+end
+local meta = redis.call('HMGET', KEYS[2], 'holder', 'token', 'released', 'expires', 'epoch',
+                        'acquired_at', 'renewed_at', 'transitions')
+if meta[3] == '0' and tonumber(meta[4] or '0') > now then
+  -- The lease key is gone (deleted by hand, evicted) but its term is not over.
+  return {0, meta[1], meta[2], meta[6] or '0', meta[7] or '0', meta[4], meta[8] or '0', '',
+          '0', '0', lost_flag}
+end
+if not meta[2] then
+  -- No counter for this name: new, or its keys were deleted by hand. The store-wide
+  -- registry of terms tells: nobody may take it before the last term it knows ends.
+  local term = tonumber(redis.call('HGET', KEYS[4], ARGV[3]) or '0')
+  if term > fence then fence = term end
+end
+if now < fence then
+  return {0, '', '0', '0', '0', '0', meta[8] or '0', '', '0', str(fence - now), lost_flag}
+end
+local token = tonumber(meta[2])
+if not token or meta[5] ~= epoch then
+  -- First use, or the counter may be older than tokens already issued (lost, restored
+  -- from an older snapshot): continue from the server clock in microseconds, which is
+  -- beyond every token issued before (see the module docstring).
+  token = math.max(token or 0, now)
+end
+token = token + 1
+local transitions = redis.call('HINCRBY', KEYS[2], 'transitions', 1)
+local previous = meta[1] or ''
+local released = meta[3] or '1'
+local expires = now + tonumber(ARGV[2]) * 1000
+redis.call('HSET', KEYS[2], 'token', str(token), 'holder', ARGV[1], 'released', '0',
+           'name', ARGV[3], 'epoch', epoch, 'acquired_at', str(now), 'renewed_at', str(now),
+           'expires', str(expires))
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', str(token), 'acquired_at', str(now),
+           'renewed_at', str(now), 'expires_at', str(expires))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[4], ARGV[3], str(expires))
+return {1, ARGV[1], str(token), str(now), str(now), str(expires), transitions, previous,
+        released, '0', lost_flag}
+"""
+)
+
+# KEYS: lease, meta, terms. ARGV: holder, token, ttl_ms, name. Same reply as acquire
+# (acquired = renewed).
+# The meta hash keeps the expiry too, so that a lease key deleted by hand or evicted still
+# keeps others out until the term ends.
+RENEW = (
+    NOW
+    + """
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at')
+if current[1] ~= ARGV[1] or current[2] ~= ARGV[2] then return {0} end
+local expires = now + tonumber(ARGV[3]) * 1000
+redis.call('HSET', KEYS[1], 'renewed_at', str(now), 'expires_at', str(expires))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[2], 'renewed_at', str(now), 'expires', str(expires))
+redis.call('HSET', KEYS[3], ARGV[4], str(expires))
+local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
+return {1, ARGV[1], current[2], current[3], str(now), str(expires), transitions, '', '0'}
+"""
+)
+
+# KEYS: lease, meta, terms. ARGV: holder, token, name. Returns the server time if released,
+# else 0.
+RELEASE = (
+    NOW
+    + """
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if current[1] ~= ARGV[1] or current[2] ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[2], 'released', '1', 'expires', str(now))
+redis.call('HSET', KEYS[3], ARGV[3], str(now))
+return str(now)
+"""
+)
+
+# KEYS: lease, meta. Returns the released lease like acquire's reply, or {0}. The term is
+# not cut short (the key keeps its expiry, with no holder): the holder hears of it at its
+# next renewal, and nobody may take the lease before the term ends.
+FORCE_RELEASE = (
+    NOW
+    + """
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
+                           'expires_at')
+if not current[1] or current[1] == '' then return {0} end
+redis.call('HSET', KEYS[1], 'holder', '')
+redis.call('HSET', KEYS[2], 'released', '1')
+local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
+return {1, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
+        str(now)}
+"""
+)
+
+# KEYS: lease, meta. Returns the current lease like acquire's reply plus the server time
+# ({0} if free).
+READ = (
+    NOW
+    + """
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
+                           'expires_at')
+if not current[1] or current[1] == '' then return {0} end
+local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
+return {1, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
+        str(now)}
+"""
+)
+
+
+# KEYS: candidates (a sorted set: identity -> expiry in microseconds, server clock).
+# ARGV: identity, ttl_ms ('' to withdraw). Expired candidates are dropped on the way.
+ANNOUNCE = (
+    NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', str(now))
+if ARGV[2] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('ZADD', KEYS[1], str(now + tonumber(ARGV[2]) * 1000), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+"""
+)
+
+# KEYS: candidates. Returns the identities whose candidacy has not expired.
+CANDIDATES = (
+    NOW
+    + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. str(now), '+inf')
+"""
+)
