@@ -54,7 +54,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     else:
-        if not (isinstance(backend, type) and issubclass(backend, Backend)):
+        # A class, and a subclass of the contract (whichever store it is).
+        is_class = isinstance(backend, type)
+        if not (is_class and issubclass(backend, Backend)):
             messages.append(
                 Error(
                     f"DJANGO_LEADER['BACKEND'] {conf.backend!r} is not a "
