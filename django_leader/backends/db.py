@@ -60,6 +60,8 @@ class DatabaseBackend(Backend):
             raise DatabaseError(f"unknown database alias {self.alias!r}")
         self.history = conf.history
         self.history_database = self.alias if conf.history else None
+        #: The lease rows are this store: the ``Lease`` table of this alias.
+        self.rows_database: str | None = self.alias
         self.timeout = timeout or conf.timing.call_timeout
         vendor = connections[self.alias].vendor
         if vendor not in DIALECTS:
@@ -82,11 +84,6 @@ class DatabaseBackend(Backend):
     # -- what the admin, beat and checks need ---------------------------------------------
     #: Beat slot records are ``BeatSlot`` rows written inside :meth:`fenced`.
     shared_slots: ClassVar[bool] = True
-
-    @property
-    def rows_database(self) -> str | None:  # type: ignore[override]
-        """The lease rows are this store: the ``Lease`` table of :attr:`alias`."""
-        return self.alias
 
     def now(self) -> datetime:
         """The database server's clock (the one every lease time here is in)."""
