@@ -294,6 +294,7 @@ def test_state_and_time_left_come_from_the_database_clock(
             backend.acquire(alive, "alice", 60)
             backend.acquire(stale, "bob", 0.2)
             lease, _ = backend.acquire(free, "carol", 60)
+            assert lease is not None
             backend.release(lease)
             backend.acquire(forced, "dave", 60)
             backend.force_release(forced, actor="test")
@@ -328,6 +329,7 @@ def test_cache_backend_shows_the_live_redis_state(admin_client: Client, lease_na
         backend = get_backend()
         try:
             lease, _ = backend.acquire(lease_name, "redis-holder", 60)
+            assert lease is not None
             assert backend.flush_history(10)
             # Searched: Redis lists every name ever used, more than one page of them.
             html = admin_client.get(reverse(LIST), {"q": lease_name}).content.decode()
