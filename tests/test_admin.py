@@ -28,7 +28,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_leader import admin as leader_admin
-from django_leader import timeline
+from django_leader.admin import drawing, periods
 from django_leader.backends import get_backend
 from django_leader.models import Lease, LeaseEvent
 from tests.conftest import history, require
@@ -294,6 +294,7 @@ def test_state_and_time_left_come_from_the_database_clock(
             backend.acquire(alive, "alice", 60)
             backend.acquire(stale, "bob", 0.2)
             lease, _ = backend.acquire(free, "carol", 60)
+            assert lease is not None
             backend.release(lease)
             backend.acquire(forced, "dave", 60)
             backend.force_release(forced, actor="test")
@@ -328,6 +329,7 @@ def test_cache_backend_shows_the_live_redis_state(admin_client: Client, lease_na
         backend = get_backend()
         try:
             lease, _ = backend.acquire(lease_name, "redis-holder", 60)
+            assert lease is not None
             assert backend.flush_history(10)
             # Searched: Redis lists every name ever used, more than one page of them.
             html = admin_client.get(reverse(LIST), {"q": lease_name}).content.decode()
@@ -567,54 +569,54 @@ def at(minutes: float) -> datetime:
 
 def test_holding_periods_from_history() -> None:
     changes = [
-        timeline.Change("acquired", "alice", 1, at(0)),
-        timeline.Change("released", "alice", 1, at(10)),
-        timeline.Change("acquired", "bob", 2, at(15)),
-        timeline.Change("taken_over", "carol", 3, at(30)),  # bob's lease had expired
-        timeline.Change("lost", "bob", 2, at(31)),  # bob noticed late: changes nothing
-        timeline.Change("forced_release", "carol", 3, at(40)),
-        timeline.Change("acquired", "dave", 4, at(45)),
+        periods.Change("acquired", "alice", 1, at(0)),
+        periods.Change("released", "alice", 1, at(10)),
+        periods.Change("acquired", "bob", 2, at(15)),
+        periods.Change("taken_over", "carol", 3, at(30)),  # bob's lease had expired
+        periods.Change("lost", "bob", 2, at(31)),  # bob noticed late: changes nothing
+        periods.Change("forced_release", "carol", 3, at(40)),
+        periods.Change("acquired", "dave", 4, at(45)),
     ]
-    current = timeline.Current("dave", 4, at(61))
-    periods = timeline.holding_periods(changes, now=at(60), current=current)
-    assert [(p.holder, p.start, p.end, p.ended_by) for p in periods] == [
+    current = periods.Current("dave", 4, at(61))
+    terms = periods.holding_periods(changes, now=at(60), current=current)
+    assert [(p.holder, p.start, p.end, p.ended_by) for p in terms] == [
         ("alice", at(0), at(10), "released"),
         ("bob", at(15), at(30), "taken_over"),
         ("carol", at(30), at(40), "forced_release"),
         ("dave", at(45), None, ""),
     ]
-    gaps = timeline._gaps(periods, at(-5), at(60))
+    gaps = periods.gaps(terms, at(-5), at(60))
     assert gaps == [(at(-5), at(0)), (at(10), at(15)), (at(40), at(45))]
 
 
 def test_unreleased_lease_ends_at_its_known_expiry() -> None:
-    changes = [timeline.Change("acquired", "alice", 5, at(0))]
-    expired = timeline.Current("alice", 5, at(20))  # the database row keeps expires_at
-    (period,) = timeline.holding_periods(changes, now=at(60), current=expired)
+    changes = [periods.Change("acquired", "alice", 5, at(0))]
+    expired = periods.Current("alice", 5, at(20))  # the database row keeps expires_at
+    (period,) = periods.holding_periods(changes, now=at(60), current=expired)
     assert (period.end, period.ended_by, period.uncertain) == (at(20), "expired", False)
-    assert timeline._gaps([period], at(0), at(60)) == [(at(20), at(60))]
+    assert periods.gaps([period], at(0), at(60)) == [(at(20), at(60))]
 
 
 def test_unreleased_lease_with_unknown_expiry_is_uncertain() -> None:
-    changes = [timeline.Change("acquired", "alice", 5, at(0))]
-    forgotten = timeline.Current("", None, None)  # Redis forgot the expired lease
-    (period,) = timeline.holding_periods(
+    changes = [periods.Change("acquired", "alice", 5, at(0))]
+    forgotten = periods.Current("", None, None)  # Redis forgot the expired lease
+    (period,) = periods.holding_periods(
         changes, now=at(60), current=forgotten, min_term=timedelta(seconds=15)
     )
     assert period.uncertain and period.end == at(0.25)
-    assert timeline._gaps([period], at(0), at(60)) == []  # unknown is not "no leader"
-    svg = timeline.render_svg([period], start=at(-10), now=at(60))
+    assert periods.gaps([period], at(0), at(60)) == []  # unknown is not "no leader"
+    svg = drawing.render_svg([period], start=at(-10), now=at(60))
     assert 'class="uncertain"' in svg
 
 
 def test_svg_escapes_names_and_marks_the_current_holder() -> None:
     evil = '<script>alert("x")</script>'
-    periods = [
-        timeline.Period(evil, 1, at(0), at(20), "released"),
-        timeline.Period("bob", 2, at(30), None),
+    terms = [
+        periods.Period(evil, 1, at(0), at(20), "released"),
+        periods.Period("bob", 2, at(30), None),
     ]
-    svg = timeline.render_svg(
-        periods, start=at(0), now=at(60), current_holder="bob", title=f"Who held {evil}"
+    svg = drawing.render_svg(
+        terms, start=at(0), now=at(60), current_holder="bob", title=f"Who held {evil}"
     )
     assert "<script" not in svg and "&lt;script&gt;" in svg
     assert "bob (leads now)" in svg and 'class="holder current"' in svg
@@ -622,14 +624,14 @@ def test_svg_escapes_names_and_marks_the_current_holder() -> None:
     # bob's bar starts at half the plot width.
     bar = re.search(r'data-holder="bob".*?<rect x="([\d.]+)"', svg)
     assert bar is not None
-    middle = timeline.LABEL_WIDTH + (timeline.WIDTH - timeline.LABEL_WIDTH - timeline.RIGHT_PAD) / 2
+    middle = drawing.LABEL_WIDTH + (drawing.WIDTH - drawing.LABEL_WIDTH - drawing.RIGHT_PAD) / 2
     assert abs(float(bar.group(1)) - middle) < 0.2
 
 
 def test_format_duration() -> None:
-    assert timeline.format_duration(4.25) == "4.2 s"
-    assert timeline.format_duration(59) == "59 s"
-    assert timeline.format_duration(299.9) == "4 min 59 s"
-    assert timeline.format_duration(600) == "10 min"
-    assert timeline.format_duration(3 * 3600 + 300) == "3 h 5 min"
-    assert timeline.format_duration(50 * 3600) == "2 d 2 h"
+    assert periods.format_duration(4.25) == "4.2 s"
+    assert periods.format_duration(59) == "59 s"
+    assert periods.format_duration(299.9) == "4 min 59 s"
+    assert periods.format_duration(600) == "10 min"
+    assert periods.format_duration(3 * 3600 + 300) == "3 h 5 min"
+    assert periods.format_duration(50 * 3600) == "2 d 2 h"

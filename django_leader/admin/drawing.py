@@ -1,132 +1,21 @@
-"""Who held a lease when: holding periods built from the history, drawn as an SVG picture.
+"""The timeline picture: holding periods drawn as SVG.
 
-The admin shows this on each lease's page. It is rendered on the server as plain SVG (no
-script, no external resources), so it works without JavaScript and in a locked-down admin.
-
-How the history becomes periods (:func:`holding_periods`): an ``acquired`` or ``taken_over``
-event starts a holding period; ``released``, ``lost`` and ``forced_release`` of the same
-fencing token end it, and so does the next acquisition. A period still open at the end is
-either the current term (the store says that holder still holds that token) or a lease that
-expired unreleased: it ends at the lease's ``expires_at`` when the store still knows it (the
-database backend keeps the row), else at an unknown time after its last possible expiry.
-Time not covered by any period is time without a leader, and the picture shows it.
+Rendered on the server as plain SVG (no script, no external resources), so it works without
+JavaScript and in a locked-down admin. Every value written into it is escaped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.utils import timezone
 from django.utils.html import escape
 
-#: Event kinds that start a holding period.
-STARTS = frozenset({"acquired", "taken_over"})
-#: Event kinds that end the holding period of the same fencing token.
-ENDS = frozenset({"released", "lost", "forced_release"})
+from .periods import Period, format_duration, gaps
 
-#: The ranges the admin offers: name -> (label, length).
-RANGES: dict[str, tuple[str, timedelta]] = {
-    "hour": ("last hour", timedelta(hours=1)),
-    "day": ("last day", timedelta(days=1)),
-    "week": ("last week", timedelta(weeks=1)),
-}
-
-
-@dataclass(frozen=True)
-class Change:
-    """One history row, as much of it as the timeline needs."""
-
-    kind: str
-    holder: str
-    token: int
-    at: datetime
-
-
-@dataclass(frozen=True)
-class Current:
-    """What the store says about the lease now.
-
-    ``holder`` is ``""`` when nobody holds it. ``token`` and ``expires_at`` are None when
-    the store does not know them (the Redis store forgets an expired lease entirely).
-    """
-
-    holder: str
-    token: int | None
-    expires_at: datetime | None
-
-
-@dataclass(frozen=True)
-class Period:
-    """One term of one holder.
-
-    ``end`` is None while the term goes on. ``uncertain`` marks a term that expired at an
-    unknown time: it certainly lasted until ``end`` and may have lasted until now.
-    """
-
-    holder: str
-    token: int
-    start: datetime
-    end: datetime | None
-    ended_by: str = ""
-    uncertain: bool = False
-
-
-def holding_periods(
-    changes: Iterable[Change],
-    *,
-    now: datetime,
-    current: Current | None = None,
-    min_term: timedelta = timedelta(0),
-) -> list[Period]:
-    """The holding periods told by ``changes`` (oldest first), ending with the store's view.
-
-    ``current`` is the store's state now (None: unknown). ``min_term`` is how long a lease
-    lives at least once acquired (its TTL): an unreleased term whose expiry is unknown is
-    drawn that long for certain.
-    """
-    periods: list[Period] = []
-    open_: Period | None = None
-    for change in changes:
-        if change.kind in STARTS:
-            if open_ is not None:
-                periods.append(_close(open_, change.at, change.kind))
-            open_ = Period(change.holder, change.token, change.at, None)
-        elif change.kind in ENDS and open_ is not None and change.token == open_.token:
-            periods.append(_close(open_, change.at, change.kind))
-            open_ = None
-        # An end of another token (a late "lost" after a takeover) changes nothing.
-    if open_ is not None:
-        periods.append(_finish(open_, now, current, min_term))
-    return periods
-
-
-def _close(period: Period, at: datetime, ended_by: str) -> Period:
-    return Period(period.holder, period.token, period.start, max(at, period.start), ended_by)
-
-
-def _finish(period: Period, now: datetime, current: Current | None, min_term: timedelta) -> Period:
-    if current is not None and current.token == period.token:
-        if (
-            current.holder == period.holder
-            and current.expires_at is not None
-            and current.expires_at > now
-        ):
-            return period  # the current term
-        if current.expires_at is not None:
-            return _close(period, min(current.expires_at, now), "expired")
-    if current is not None and current.holder == period.holder and current.token is None:
-        return period  # held, token unknown: trust the store's holder
-    # Expired (or replaced) without a record: it lasted at least one TTL, maybe until now.
-    end = min(period.start + min_term, now)
-    return Period(period.holder, period.token, period.start, end, "expired", uncertain=True)
-
-
-# -- drawing ------------------------------------------------------------------------------
-
+#: The picture's geometry, in SVG user units (the picture scales to its box).
 WIDTH = 960
 LABEL_WIDTH = 200
 RIGHT_PAD = 24
@@ -154,25 +43,6 @@ GAP_COLOR = "#d9534f"
 _TICK_STEPS = [
     timedelta(minutes=m) for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880)
 ]
-
-
-def format_duration(seconds: float) -> str:
-    """A short human duration: ``45 s``, ``4 min 59 s``, ``12 min``, ``3 h 5 min``, ``2 d 4 h``."""
-    seconds = max(0.0, seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    minutes = int(seconds // 60)
-    if minutes < 10:
-        return f"{minutes} min {int(seconds % 60)} s"
-    if minutes < 120:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def render_svg(
@@ -244,7 +114,7 @@ def render_svg(
     known_start = max(start, known_from) if known_from else start
     if known_from and known_from > start:
         out.append(_band(x(start), x(known_start), leader_y, "unknown", "history not available"))
-    for gap_start, gap_end in _gaps(visible, known_start, now):
+    for gap_start, gap_end in gaps(visible, known_start, now):
         out.append(
             _band(
                 x(gap_start),
@@ -284,25 +154,6 @@ def _lanes(periods: Sequence[Period], current_holder: str) -> list[str]:
         ordered.remove(current_holder)
         ordered.insert(0, current_holder)
     return ordered[: MAX_LANES - 1] if len(ordered) > MAX_LANES else ordered
-
-
-def _gaps(
-    periods: Sequence[Period], start: datetime, now: datetime
-) -> list[tuple[datetime, datetime]]:
-    """Stretches of [start, now] that no period covers; an uncertain tail is not a gap."""
-    covered = sorted(
-        (max(p.start, start), now if p.end is None or p.uncertain else min(p.end, now))
-        for p in periods
-    )
-    gaps: list[tuple[datetime, datetime]] = []
-    cursor = start
-    for begin, end in covered:
-        if begin > cursor:
-            gaps.append((cursor, begin))
-        cursor = max(cursor, end)
-    if cursor < now:
-        gaps.append((cursor, now))
-    return [(a, b) for a, b in gaps if b > a]
 
 
 def _when(at: datetime) -> str:
@@ -434,10 +285,3 @@ def _legend(y: float) -> list[str]:
         "dashed: expired unreleased, end unknown</text>"
     )
     return out
-
-
-def utc(value: datetime) -> datetime:
-    """``value`` as an aware UTC datetime (naive values are UTC, as the stores write them)."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=dt_timezone.utc)
-    return value.astimezone(dt_timezone.utc)

@@ -1,0 +1,64 @@
+"""The Django admin for leases and their history.
+
+* **Leases**: who holds each lease, with which fencing token, its state (leading / expired
+  / free) and time left — computed with the *store's* clock: the database server's
+  ``now()`` in the same query for the database backend, the live state read from Redis for
+  the cache backend. Nobody edits or adds a lease by hand. Each lease's page shows a
+  timeline of who led when and its recent history.
+* **Force release** (an action on the list, a button on the lease's page): needs the
+  permission ``django_leader.release_lease``, POST with a CSRF token only, and is recorded
+  in the history with the acting user. The holder notices at its next renewal and steps
+  down.
+* **History** (``LeaseEvent``): read-only for everyone, superusers included; filters by
+  lease name, kind and date; newest first; paginated without counting every row of a huge
+  table, and with the date drill-down found by index seeks.
+
+The modules, each named after what it holds:
+
+=================== ======================================================================
+``store``           where the admin reads leases and history, and the store's clock
+``leases``          ``LeaseAdmin``: the list, its state filter, a lease's page, force release
+``live``            the lease list of a store that is not the database, read live
+``history``         ``LeaseEventAdmin``: the read-only history and its filters
+``date_hierarchy``  the history's date drill-down by index seeks
+``paginator``       the history's pages, counted by the planner's estimate when huge
+``timeline``        the queries behind a lease's timeline
+``periods``         history events -> who held the lease when, and the gaps (pure logic)
+``drawing``         the timeline as SVG
+``readonly``        no add, change or delete, for anyone
+``constants``       lease states, limits and timeline ranges
+=================== ======================================================================
+
+Importing this package (Django's admin autodiscovery does) registers both admins with the
+default admin site.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from ..models import Lease, LeaseEvent
+from .date_hierarchy import HistoryChangeList
+from .history import LeaseEventAdmin, NameFilter
+from .leases import LeaseAdmin, StateFilter
+from .live import LiveLeaseChangeList
+from .paginator import HistoryPaginator, estimated_rows
+from .readonly import ReadOnly
+from .store import Store, StoreNow
+
+admin.site.register(Lease, LeaseAdmin)
+admin.site.register(LeaseEvent, LeaseEventAdmin)
+
+__all__ = [
+    "HistoryChangeList",
+    "HistoryPaginator",
+    "LeaseAdmin",
+    "LeaseEventAdmin",
+    "LiveLeaseChangeList",
+    "NameFilter",
+    "ReadOnly",
+    "StateFilter",
+    "Store",
+    "StoreNow",
+    "estimated_rows",
+]

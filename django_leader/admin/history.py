@@ -1,0 +1,118 @@
+"""The history (``LeaseEvent``) in the admin: read-only for everyone, newest first.
+
+Filters by lease name and kind, a date drill-down by index seeks
+(:mod:`~django_leader.admin.date_hierarchy`), and pages that count without reading every
+row of a huge table (:mod:`~django_leader.admin.paginator`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.contrib.admin.views.main import ChangeList
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from ..exceptions import BackendUnavailable
+from ..models import LeaseEvent
+from .constants import NAME_FILTER_LIMIT
+from .date_hierarchy import HistoryChangeList
+from .paginator import HistoryPaginator
+from .readonly import ReadOnly
+from .store import Store
+
+
+class NameFilter(admin.SimpleListFilter):
+    """By lease name: the names the store knows (any ``?name=`` works, also others)."""
+
+    title = _("lease")
+    parameter_name = "name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        try:
+            names = Store.current().names(limit=NAME_FILTER_LIMIT)
+        except BackendUnavailable:
+            names = []  # the history is in the database: still usable
+        value = self.value()
+        if value and value not in names:
+            names.insert(0, value)
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(name=value) if value else queryset
+
+
+class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
+    """The history of every lease: read-only for everyone, superusers included."""
+
+    list_display = (
+        "at",
+        "lease",
+        "kind",
+        "holder",
+        "token",
+        "previous_holder",
+        "actor",
+        "short_detail",
+    )
+    list_filter = (NameFilter, "kind")
+    date_hierarchy = "at"
+    search_fields = ("holder",)
+    search_help_text = _("Search by holder.")
+    ordering = ("-at", "-id")
+    list_per_page = 100
+    show_full_result_count = False
+    actions = None
+    fields = (
+        "at",
+        "lease",
+        "kind",
+        "holder",
+        "token",
+        "previous_holder",
+        "actor",
+        "detail",
+    )
+    readonly_fields = fields
+    change_list_template = "admin/django_leader/leaseevent/change_list.html"
+    if hasattr(admin, "ShowFacets"):  # Django 5.0+: a facet is a COUNT per choice
+        show_facets = admin.ShowFacets.NEVER
+
+    # -- the history is read-only for everyone, superusers included (ReadOnly) ------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(Store.current().history_db)
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: Any,
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Paginator:
+        return HistoryPaginator(queryset, per_page, orphans, allow_empty_first_page)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return HistoryChangeList
+
+    @admin.display(description=_("lease"), ordering="name")
+    def lease(self, event: LeaseEvent) -> str:
+        url = reverse(
+            "admin:django_leader_lease_change",
+            args=[quote(event.name)],
+            current_app=self.admin_site.name,
+        )
+        return format_html('<a href="{}">{}</a>', url, event.name)
+
+    @admin.display(description=_("detail"))
+    def short_detail(self, event: LeaseEvent) -> str:
+        text = event.detail
+        return text if len(text) <= 80 else text[:79] + "…"

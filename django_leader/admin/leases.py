@@ -1,0 +1,374 @@
+"""The leases in the admin: who holds each one, its state and time left, and force release.
+
+State and time left come from the store's clock (:mod:`~django_leader.admin.store`); with a
+store that is not the database each lease is read live (:mod:`~django_leader.admin.live`).
+A lease's page adds the candidates waiting, the timeline
+(:mod:`~django_leader.admin.timeline`) and the recent history. Force release (an action on
+the list, a button on the page) needs ``django_leader.release_lease`` and a POST with a
+CSRF token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Case, CharField, QuerySet, Value, When
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import formats, timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+from django.utils.translation import gettext_lazy as _
+
+from ..conf import get_settings
+from ..exceptions import BackendUnavailable
+from ..models import Lease, LeaseEvent
+from .constants import (
+    DEFAULT_RANGE,
+    EXPIRED,
+    FREE,
+    LEADING,
+    RANGES,
+    RECENT_EVENTS,
+    RELEASING,
+    STATE_LABELS,
+    UNKNOWN,
+)
+from .live import LiveLeaseChangeList, live_rows
+from .periods import format_duration, utc
+from .readonly import ReadOnly
+from .store import Store, StoreNow, _expired_q, _free_q, _leading_q, _releasing_q
+from .timeline import timeline_svg
+
+
+def _state_of(row: Lease) -> str:
+    state = getattr(row, "lease_state", None)
+    if state:
+        return str(state)
+    return FREE if not row.holder else LEADING
+
+
+def _seconds_left(row: Lease) -> float | None:
+    now = getattr(row, "store_now", None)
+    if now is None or row.expires_at is None:
+        return None
+    return (utc(row.expires_at) - utc(now)).total_seconds()
+
+
+class StateFilter(admin.SimpleListFilter):
+    """By state, computed in SQL with the database server's clock (database backend only)."""
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        states = (LEADING, EXPIRED, RELEASING, FREE)
+        return [(state, STATE_LABELS[state]) for state in states]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == LEADING:
+            return queryset.filter(_leading_q())
+        if value == EXPIRED:
+            return queryset.filter(_expired_q())
+        if value == RELEASING:
+            return queryset.filter(_releasing_q())
+        if value == FREE:
+            return queryset.filter(_free_q())
+        return queryset
+
+
+class LeaseAdmin(ReadOnly, admin.ModelAdmin):
+    """The leases: read-only, with force release for users allowed to."""
+
+    list_display = (
+        "name",
+        "holder_display",
+        "token_display",
+        "state",
+        "time_left",
+        "transitions_display",
+        "renewed_at",
+    )
+    list_display_links = ("name",)
+    list_filter = (StateFilter,)
+    search_fields = ("name", "holder")
+    actions = ["force_release"]
+    list_per_page = 100
+    fields = (
+        "name",
+        "holder_display",
+        "state",
+        "time_left",
+        "token_display",
+        "transitions_display",
+        "previous_holder",
+        "acquired_at",
+        "renewed_at",
+        "expires_at",
+        "candidates_waiting",
+        "store_clock",
+    )
+    readonly_fields = fields
+    change_form_template = "admin/django_leader/lease/change_form.html"
+    change_list_template = "admin/django_leader/lease/change_list.html"
+
+    # -- permissions: nobody edits a lease by hand (ReadOnly) -----------------------------
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        """``django_leader.release_lease`` (and seeing leases at all)."""
+        user: Any = request.user
+        return self.has_view_permission(request) and user.has_perm(
+            f"{self.opts.app_label}.release_lease"
+        )
+
+    # -- reading -----------------------------------------------------------------------------
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        store = Store.current()
+        if store.live:
+            return Lease.objects.none()
+        return (
+            super()
+            .get_queryset(request)
+            .using(store.lease_db)
+            .annotate(
+                store_now=StoreNow(),
+                lease_state=Case(
+                    When(_leading_q(), then=Value(LEADING)),
+                    When(_expired_q(), then=Value(EXPIRED)),
+                    When(_releasing_q(), then=Value(RELEASING)),
+                    default=Value(FREE),
+                    output_field=CharField(),
+                ),
+            )
+        )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return LiveLeaseChangeList if Store.current().live else ChangeList
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        return () if Store.current().live else self.list_filter
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        return ("name",) if Store.current().live else self.search_fields
+
+    def get_sortable_by(self, request: HttpRequest) -> Any:
+        return () if Store.current().live else super().get_sortable_by(request)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        store = Store.current()
+        if not store.live:
+            return super().get_object(request, object_id, from_field)
+        rows = live_rows(request, store, [object_id], known_only=True)
+        return rows[0] if rows else None
+
+    # -- columns -------------------------------------------------------------------------
+    @admin.display(description=_("holder"), ordering="holder")
+    def holder_display(self, row: Lease) -> str:
+        if not row.holder and _state_of(row) == RELEASING and row.previous_holder:
+            return f"(was {row.previous_holder})"
+        return row.holder or self.get_empty_value_display()
+
+    @admin.display(description=_("fencing token"), ordering="token")
+    def token_display(self, row: Lease) -> Any:
+        return row.token if row.token is not None else self.get_empty_value_display()
+
+    @admin.display(description=_("transitions"), ordering="transitions")
+    def transitions_display(self, row: Lease) -> Any:
+        return row.transitions if row.transitions is not None else self.get_empty_value_display()
+
+    @admin.display(description=_("state"), ordering="lease_state")
+    def state(self, row: Lease) -> str:
+        state = _state_of(row)
+        return format_html(
+            '<span class="leader-state leader-state-{}">{}</span>', state, STATE_LABELS[state]
+        )
+
+    @admin.display(description=_("time left"), ordering="expires_at")
+    def time_left(self, row: Lease) -> str:
+        state = _state_of(row)
+        seconds = _seconds_left(row)
+        if seconds is None or state in (FREE, UNKNOWN):
+            return self.get_empty_value_display()
+        if state == EXPIRED:
+            return f"expired {format_duration(-seconds)} ago"
+        if state == RELEASING:
+            return f"free in {format_duration(seconds)}"
+        return format_duration(seconds)
+
+    @admin.display(description=_("candidates waiting"))
+    def candidates_waiting(self, row: Lease) -> str:
+        """The Electors campaigning for this lease other than its holder (read live)."""
+        try:
+            candidates = Store.current().backend.candidates(row.name)
+        except BackendUnavailable as exc:
+            return f"unknown ({exc})"
+        if candidates is None:
+            return self.get_empty_value_display()
+        waiting = [identity for identity in candidates if identity != row.holder]
+        return ", ".join(waiting) or str(_("none"))
+
+    @admin.display(description=_("checked at (store clock)"))
+    def store_clock(self, row: Lease) -> str:
+        now = getattr(row, "store_now", None)
+        if now is None:
+            return self.get_empty_value_display()
+        return formats.localize(timezone.localtime(utc(now)))
+
+    # -- pages ---------------------------------------------------------------------------
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        release = path(
+            "<path:object_id>/release/",
+            self.admin_site.admin_view(self.release_view),
+            name="{}_{}_release".format(*info),
+        )
+        return [release, *super().get_urls()]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        extra = {"leader_store": Store.current().describe(), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> Any:
+        if obj is not None:
+            context.update(self._detail_context(request, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _detail_context(self, request: HttpRequest, row: Lease) -> dict[str, Any]:
+        store = Store.current()
+        chosen = request.GET.get("timeline", DEFAULT_RANGE)
+        if chosen not in RANGES:
+            chosen = DEFAULT_RANGE
+        label, length = RANGES[chosen]
+        now = utc(getattr(row, "store_now", None) or store.now())
+        state = _state_of(row)
+        svg = timeline_svg(store, row, state, now, now - length, label)
+        events = LeaseEvent.objects.using(store.history_db).filter(name=row.name)
+        recent = list(events.order_by("-at", "-id")[:RECENT_EVENTS])
+        history_url = None
+        event_admin = self.admin_site._registry.get(LeaseEvent)  # get_model_admin(): 5.0+
+        if event_admin is not None and event_admin.has_view_permission(request):
+            history_url = (
+                reverse(
+                    "admin:django_leader_leaseevent_changelist", current_app=self.admin_site.name
+                )
+                + "?"
+                + urlencode({"name": row.name})
+            )
+        return {
+            "leader_store": store.describe(),
+            "lease_state": state,
+            "can_release": self.has_release_permission(request) and bool(row.holder),
+            "release_url": reverse(
+                "admin:django_leader_lease_release",
+                args=[quote(row.name)],
+                current_app=self.admin_site.name,
+            ),
+            "timeline_svg": mark_safe(svg),  # every value in it is escaped
+            "timeline_ranges": [
+                {
+                    "key": key,
+                    "label": text,
+                    "active": key == chosen,
+                    "query": urlencode({"timeline": key}),
+                }
+                for key, (text, _length) in RANGES.items()
+            ],
+            "recent_events": recent,
+            "history_url": history_url,
+        }
+
+    # -- force release -------------------------------------------------------------------
+    def release_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: a confirmation page (changes nothing). POST (with CSRF token): release."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not self.has_release_permission(request):
+            raise PermissionDenied
+        row = self.get_object(request, unquote(object_id))
+        if row is None:
+            raise Http404(f"No lease named {unquote(object_id)!r}")
+        change_url = reverse(
+            "admin:django_leader_lease_change",
+            args=[quote(row.name)],
+            current_app=self.admin_site.name,
+        )
+        if request.method == "POST":
+            self._force_release(request, [row.name], request.POST.get("reason", ""))
+            return HttpResponseRedirect(change_url)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Force release"),
+            "subtitle": row.name,
+            "opts": self.opts,
+            "object": row,
+            "lease_state": _state_of(row),
+            "lease_state_label": STATE_LABELS[_state_of(row)],
+            "change_url": change_url,
+            "renew_interval": get_settings().timing.renew_interval,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request, "admin/django_leader/lease/release_confirmation.html", context
+        )
+
+    @admin.action(description=_("Force release the selected leases"), permissions=["release"])
+    def force_release(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        store = Store.current()
+        if not store.live:
+            names = list(queryset.values_list("name", flat=True))
+        elif request.POST.get("select_across") == "1":
+            names = store.names()
+        else:
+            names = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        self._force_release(request, names, "")
+
+    def _force_release(self, request: HttpRequest, names: list[str], reason: str) -> None:
+        store = Store.current()
+        user: Any = request.user
+        actor = user.get_username()
+        reason = " ".join(reason.split())[:500]
+        detail = reason or "force-released in the Django admin"
+        for name in names:
+            try:
+                lease = store.backend.force_release(name, actor=actor, detail=detail)
+            except BackendUnavailable as exc:
+                messages.error(request, f"Could not release “{name}”: {exc}")
+                continue
+            if lease is None:
+                messages.warning(request, f"“{name}” was not held: nothing to release.")
+                continue
+            self.log_change(
+                request,
+                Lease(name=name),
+                f"Force-released (held by {lease.holder}, token {lease.token}): {detail}",
+            )
+            messages.success(
+                request,
+                f"Force-released “{name}” (held by {lease.holder}, token {lease.token}). "
+                "The holder steps down at its next renewal; the lease can be taken once "
+                "its current term ends.",
+            )
+        if not store.backend.flush_history(5):
+            messages.warning(request, "The history event is not written yet.")
