@@ -30,7 +30,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
-from django_leader import supervisor
+from django_leader import guard as guard_process
 from django_leader.conf import resolve_timing, validate_identity, validate_name
 from django_leader.elector import Elector
 from django_leader.lease import Lease, clock
@@ -475,7 +475,7 @@ class PayloadRunner:
                 # By path, not -m: the guard then imports nothing but the standard library.
                 [
                     sys.executable,
-                    supervisor.__file__,
+                    guard_process.__file__,
                     "--deadline",
                     guard_deadline(lease),
                     "--grace",
