@@ -111,9 +111,7 @@ def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if clock() >= deadline:
         _close(pid_fd)
-        sys.stderr.write(
-            "django_leader.guard: lease deadline passed before the payload started\n"
-        )
+        sys.stderr.write("django_leader.guard: lease deadline passed before the payload started\n")
         return 128 + signal.SIGKILL
     try:
         child = subprocess.Popen(
