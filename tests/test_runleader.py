@@ -552,17 +552,17 @@ def test_a_kept_lease_is_not_released_by_a_later_stop(store: Any, lease_name: st
     a SIGTERM the main loop turns into a plain stop just after must not undo that (the
     Elector keeps the last stop()'s word on releasing)."""
     from django_leader.elector import Elector
-    from django_leader.management.commands.runleader import Command
+    from django_leader.payload import PayloadRunner
 
-    command = Command()
-    command.elector = elector = Elector(
+    elector = Elector(
         lease_name, identity="keeper", backend=store,
         ttl=TTL, renew_interval=RENEW, retry_interval=RETRY,
     )  # fmt: skip
+    runner = PayloadRunner(elector, child=["true"])
 
     def work(lease: Any) -> None:
-        command.stop_elector(release=False)  # as after a failed kill_group()
-        command.stop_elector()  # the main loop, on SIGTERM
+        runner.stop(release=False)  # as after a failed kill_group()
+        runner.stop()  # the main loop, on SIGTERM
 
     thread = elector.start(work)
     thread.join(WAIT)
