@@ -378,7 +378,8 @@ def test_bad_usage_exits_2_with_one_line(
 
 
 def test_beat_command_is_built_from_the_options_after_beat() -> None:
-    from django_leader.management.commands.runleader import beat_command
+    pytest.importorskip("celery")
+    from django_leader.celery.app import beat_command
 
     assert beat_command(["-A", "proj", "-l", "info", "--app=x"])[-6:] == [
         "-A",
@@ -393,7 +394,8 @@ def test_beat_command_is_built_from_the_options_after_beat() -> None:
 
 
 def test_beat_without_app_finds_the_projects_celery_module() -> None:
-    from django_leader.management.commands.runleader import project_celery_app
+    pytest.importorskip("celery")
+    from django_leader.celery.app import project_celery_app
 
     assert project_celery_app() == "testproject.celery"
 
@@ -413,9 +415,10 @@ def test_beat_without_app_and_no_celery_module_is_a_usage_error(
 ) -> None:
     from django.core.management import CommandError, call_command
 
-    from django_leader.management.commands import runleader
+    pytest.importorskip("celery")
+    from django_leader.celery import app
 
-    monkeypatch.setattr(runleader, "settings_package", lambda: "tests.procs")
+    monkeypatch.setattr(app, "settings_package", lambda: "tests.procs")
     with pytest.raises(CommandError, match="give the Celery app") as raised:
         call_command("runleader", "some-name", "--beat")
     assert raised.value.returncode == 2
@@ -486,8 +489,9 @@ def test_sigkill_of_the_guard_kills_the_payload_before_another_starts(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
     """kill -9 of the guard alone: its payload, and what the payload started, die before
-    runleader lets the lease go (SPEC rule 8). The writer runs under a shell, so that a
-    process of the payload's group that is not the guard's child is there to be killed."""
+    runleader lets the lease go (a payload never outlives its lease). The writer runs
+    under a shell, so that a process of the payload's group that is not the guard's child
+    is there to be killed."""
     out = tmp_path / "writes.txt"
     writer = f"{sys.executable} {ROOT / 'tests' / 'payload_writer.py'} {out}"
     for identity in ("r1", "r2"):
@@ -548,17 +552,17 @@ def test_a_kept_lease_is_not_released_by_a_later_stop(store: Any, lease_name: st
     a SIGTERM the main loop turns into a plain stop just after must not undo that (the
     Elector keeps the last stop()'s word on releasing)."""
     from django_leader.elector import Elector
-    from django_leader.management.commands.runleader import Command
+    from django_leader.payload import PayloadRunner
 
-    command = Command()
-    command.elector = elector = Elector(
+    elector = Elector(
         lease_name, identity="keeper", backend=store,
         ttl=TTL, renew_interval=RENEW, retry_interval=RETRY,
     )  # fmt: skip
+    runner = PayloadRunner(elector, child=["true"])
 
     def work(lease: Any) -> None:
-        command.stop_elector(release=False)  # as after a failed kill_group()
-        command.stop_elector()  # the main loop, on SIGTERM
+        runner.stop(release=False)  # as after a failed kill_group()
+        runner.stop()  # the main loop, on SIGTERM
 
     thread = elector.start(work)
     thread.join(WAIT)

@@ -28,7 +28,7 @@ process group id: it leads a session of its own) as one line to descriptor N bef
 so that runleader can kill what the payload started and confirm the group is gone before
 it lets the lease go.
 
-Run as ``python path/to/supervisor.py --deadline T --grace G [--pid-fd N] -- CMD ARGS...``
+Run as ``python path/to/guard.py --deadline T --grace G [--pid-fd N] -- CMD ARGS...``
 (by path, so that it imports nothing but the standard library).
 """
 
@@ -86,7 +86,7 @@ def _payload_setup(guard_pid: int, pid_fd: int | None) -> Callable[[], None]:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os.write(2, b"django_leader.supervisor: prctl(PR_SET_PDEATHSIG) failed\n")
+            os.write(2, b"django_leader.guard: prctl(PR_SET_PDEATHSIG) failed\n")
             os._exit(126)
         if os.getppid() != guard_pid:
             os._exit(128 + signal.SIGKILL)  # the guard died before the signal was armed
@@ -111,9 +111,7 @@ def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if clock() >= deadline:
         _close(pid_fd)
-        sys.stderr.write(
-            "django_leader.supervisor: lease deadline passed before the payload started\n"
-        )
+        sys.stderr.write("django_leader.guard: lease deadline passed before the payload started\n")
         return 128 + signal.SIGKILL
     try:
         child = subprocess.Popen(
@@ -123,7 +121,7 @@ def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None 
             preexec_fn=_payload_setup(os.getpid(), pid_fd),
         )
     except OSError as exc:  # as a shell says it, with a shell's status
-        sys.stderr.write(f"django_leader.supervisor: cannot run {cmd[0]}: {exc.strerror}\n")
+        sys.stderr.write(f"django_leader.guard: cannot run {cmd[0]}: {exc.strerror}\n")
         return 126 if isinstance(exc, PermissionError) else 127
     finally:
         _close(pid_fd)
@@ -136,7 +134,7 @@ def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None 
     def terminate(why: str) -> None:
         nonlocal kill_at
         if kill_at is None:
-            sys.stderr.write(f"django_leader.supervisor: {why}: SIGTERM to pid {child.pid}\n")
+            sys.stderr.write(f"django_leader.guard: {why}: SIGTERM to pid {child.pid}\n")
             _signal_group(pgid, signal.SIGTERM)
             kill_at = clock() + grace
 
@@ -148,14 +146,14 @@ def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None 
         now = clock()
         if now >= deadline:
             sys.stderr.write(
-                f"django_leader.supervisor: lease deadline passed: SIGKILL to pid {child.pid}\n"
+                f"django_leader.guard: lease deadline passed: SIGKILL to pid {child.pid}\n"
             )
             _signal_group(pgid, signal.SIGKILL)
             child.wait()
             return 128 + signal.SIGKILL
         if kill_at is not None and now >= kill_at:
             sys.stderr.write(
-                f"django_leader.supervisor: grace period over: SIGKILL to pid {child.pid}\n"
+                f"django_leader.guard: grace period over: SIGKILL to pid {child.pid}\n"
             )
             _signal_group(pgid, signal.SIGKILL)
             child.wait()
@@ -184,7 +182,7 @@ def supervise(cmd: list[str], deadline: float, grace: float, pid_fd: int | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m django_leader.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m django_leader.guard")
     parser.add_argument("--deadline", type=float, required=True, help="absolute, on clock()")
     parser.add_argument("--grace", type=float, required=True)
     parser.add_argument("--pid-fd", type=int, help="the payload writes its pid here")

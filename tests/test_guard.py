@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from django_leader import supervisor
+from django_leader import guard as guard_module
 
-GUARD = [sys.executable, supervisor.__file__]
+GUARD = [sys.executable, guard_module.__file__]
 
 
 def guard(*args: str, stdin: int | None = subprocess.PIPE) -> subprocess.Popen[str]:
@@ -20,7 +20,7 @@ def guard(*args: str, stdin: int | None = subprocess.PIPE) -> subprocess.Popen[s
 
 def deadline_in(seconds: float) -> str:
     """An absolute deadline on the guard's clock, as runleader sends it."""
-    return repr(supervisor.clock() + seconds)
+    return repr(guard_module.clock() + seconds)
 
 
 def wait_for(condition: object, what: str, timeout: float = 15.0) -> object:
@@ -59,7 +59,7 @@ def test_a_command_that_cannot_run_is_one_line_and_status_127() -> None:
     assert proc.wait(30) == 127
     assert proc.stderr is not None
     assert proc.stderr.read().strip().splitlines() == [
-        "django_leader.supervisor: cannot run /nonexistent/payload: No such file or directory"
+        "django_leader.guard: cannot run /nonexistent/payload: No such file or directory"
     ]
 
 
