@@ -44,7 +44,7 @@ from .leases import LeaseAdmin, StateFilter
 from .live import LiveLeaseChangeList
 from .paginator import HistoryPaginator, estimated_rows
 from .readonly import ReadOnly
-from .store import Store, StoreNow
+from .store import Store
 
 admin.site.register(Lease, LeaseAdmin)
 admin.site.register(LeaseEvent, LeaseEventAdmin)
@@ -59,6 +59,5 @@ __all__ = [
     "ReadOnly",
     "StateFilter",
     "Store",
-    "StoreNow",
     "estimated_rows",
 ]

@@ -50,7 +50,7 @@ from .constants import (
 from .live import LiveLeaseChangeList, live_rows
 from .periods import format_duration, utc
 from .readonly import ReadOnly
-from .store import Store, StoreNow, _expired_q, _free_q, _leading_q, _releasing_q
+from .store import Store, _expired_q, _free_q, _leading_q, _releasing_q
 from .timeline import timeline_svg
 
 
@@ -80,14 +80,17 @@ class StateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
+        if value not in (LEADING, EXPIRED, RELEASING, FREE):
+            return queryset
+        now = Store.current().now_expression()
         if value == LEADING:
-            return queryset.filter(_leading_q())
+            return queryset.filter(_leading_q(now))
         if value == EXPIRED:
-            return queryset.filter(_expired_q())
+            return queryset.filter(_expired_q(now))
         if value == RELEASING:
-            return queryset.filter(_releasing_q())
+            return queryset.filter(_releasing_q(now))
         if value == FREE:
-            return queryset.filter(_free_q())
+            return queryset.filter(_free_q(now))
         return queryset
 
 
@@ -140,16 +143,17 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         store = Store.current()
         if store.live:
             return Lease.objects.none()
+        now = store.now_expression()
         return (
             super()
             .get_queryset(request)
             .using(store.lease_db)
             .annotate(
-                store_now=StoreNow(),
+                store_now=now,
                 lease_state=Case(
-                    When(_leading_q(), then=Value(LEADING)),
-                    When(_expired_q(), then=Value(EXPIRED)),
-                    When(_releasing_q(), then=Value(RELEASING)),
+                    When(_leading_q(now), then=Value(LEADING)),
+                    When(_expired_q(now), then=Value(EXPIRED)),
+                    When(_releasing_q(now), then=Value(RELEASING)),
                     default=Value(FREE),
                     output_field=CharField(),
                 ),
