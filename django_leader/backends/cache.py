@@ -404,7 +404,6 @@ class CacheBackend(Backend):
             renewed_at=_time(renewed),
             expires_at=_time(expires),
             previous_holder=_text(previous),
-            backend=self,
         )
 
     @staticmethod
@@ -437,7 +436,6 @@ class CacheBackend(Backend):
                 return None, None
             current = self._lease(name, [1, *reply[1:]])
             assert current is not None
-            current.backend = None
             return None, current
         lease = self._lease(name, reply)
         assert lease is not None
@@ -485,7 +483,6 @@ class CacheBackend(Backend):
         reply = self._call(self._force_release, name)
         lease = self._lease(name, reply)
         if lease is not None:
-            lease.backend = None
             self._record("forced_release", lease, _time(reply[9]), detail=detail, actor=actor)
         return lease
 
@@ -493,7 +490,6 @@ class CacheBackend(Backend):
         reply = self._call(self._read, name)
         lease = self._lease(name, reply)
         if lease is not None:
-            lease.backend = None
             lease.read_at = _time(reply[9])
         return lease
 

@@ -452,7 +452,6 @@ class DatabaseBackend(Backend):
             renewed_at=_aware(renewed),
             expires_at=_aware(expires),
             previous_holder=previous or "",
-            backend=self,
         )
 
     def _update(self, cursor: Any, sql: str, params: list[Any], name: str) -> Lease | None:
@@ -611,7 +610,6 @@ class DatabaseBackend(Backend):
             row = cursor.fetchone()
         lease = self._row(row)
         if lease is not None:
-            lease.backend = None  # a snapshot cannot fence
             lease.read_at = _aware(row[len(_COLUMNS)])
         return lease
 
