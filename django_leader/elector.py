@@ -1,4 +1,5 @@
-"""The campaign loop. It knows nothing about storage: it talks to a Backend."""
+"""The campaign loop. It knows nothing about storage: each term it wins is a
+:class:`~django_leader.term.Term`, and it talks to the store through the Backend contract."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from concurrent.futures import Future
 from contextlib import suppress
 from typing import Any
 
-from . import hooks, signals
+from . import hooks
 from .backends.base import Backend
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
 from .exceptions import BackendUnavailable
-from .lease import Lease, _use_lease, clock
-from .locks import Renewer, StoreCaller, acquire_once, call_bound, log_extra, resolve_backend
+from .lease import Lease, LossReason, _use_lease, clock
+from .term import StoreCaller, Term, attempt, call_bound, log_extra, resolve_backend
 
 logger = logging.getLogger("django_leader")
 
@@ -130,8 +131,8 @@ class Elector:
     def leader(self) -> Lease | None:
         """Who holds the lease now, read from the store (a snapshot), or None.
 
-        Bounded like every store call (SPEC rule 6): ``BackendUnavailable`` if the store
-        does not answer in time."""
+        Bounded like every store call (docs/api.md, "Bounded store calls"):
+        ``BackendUnavailable`` if the store does not answer in time."""
         with self._state:
             reader = self._reader
             if reader is None:
@@ -249,14 +250,8 @@ class Elector:
         timing = self.timing
         bound = timing.ttl - timing.safety_margin  # an answer after it could not be used
         try:
-            acquired, current = caller.call(
-                bound,
-                acquire_once,
-                self.backend,
-                self.name,
-                self.identity,
-                timing,
-                on_late=self._hand_back_late,
+            acquired, current = attempt(
+                self.backend, caller, self.name, self.identity, timing, bound, self._label
             )
         except TimeoutError:
             # Left behind with its connection: the next attempt runs on a new one, and
@@ -278,11 +273,11 @@ class Elector:
             self._measure_leaderless(acquired)
         if current is not None:
             self._observe(current)
-        if acquired is not None and not acquired.held:
-            # Answered after its own deadline: never act on it; hand it back.
-            self._hand_back(acquired, caller)
-            return None
         return acquired
+
+    @property
+    def _label(self) -> str:
+        return f"{self.identity} (elector of {self.name!r})"
 
     def _announce(self, caller: StoreCaller) -> None:
         """Tell the store, now and then, that this elector campaigns (for ``leader status``;
@@ -350,26 +345,6 @@ class Elector:
             gap = (acquired.acquired_at - seen.expires_at).total_seconds()
             hooks.notify("leaderless", self.name, max(0.0, gap))
 
-    def _hand_back(self, acquired: Lease | None, caller: StoreCaller) -> None:
-        """Release a lease this elector will not act on (it was answered too late)."""
-        if acquired is not None:
-            with suppress(RuntimeError):  # the caller may be closed by now
-                caller.submit(self.backend.release, acquired, bound=call_bound(self.timing))
-
-    def _hand_back_late(self, result: tuple[Lease | None, Lease | None]) -> None:
-        """A campaign that answered after the elector gave up on it: release the lease.
-        Runs on the thread left behind with the call (its connection answered)."""
-        acquired = result[0]
-        if acquired is not None:
-            self.backend.release(acquired)
-            logger.info(
-                "%s released %r (token %s): acquired after the campaign had given up",
-                self.identity,
-                self.name,
-                acquired.token,
-                extra=log_extra(acquired),
-            )
-
     def _observe(self, lease: Lease) -> None:
         self._last_seen = lease
         key = (lease.holder, lease.token)
@@ -388,19 +363,20 @@ class Elector:
     def _lead(self, lease: Lease, work: Work | None, caller: StoreCaller) -> None:
         self._work_error = None
         self._resign_backoff = None
-        renewer = Renewer(self.backend, lease, self.timing, caller, on_lost=self._renewer_lost)
-        self._lease = lease
-        renewer.start()
-        logger.info(
-            "%s elected leader of %r (token %s)",
-            self.identity,
-            self.name,
-            lease.token,
-            extra=log_extra(lease),
+        term = Term(
+            self.backend,
+            lease,
+            self.timing,
+            caller,
+            sender=self,
+            label=self._label,
+            on_lost=self._renewer_lost,
         )
+        self._lease = lease
+        term.begin()
         self._elected.set()
         self._callback(self.on_elected, lease)
-        signals.send(signals.leader_elected, self, lease=lease)
+        term.signal_elected()
 
         worker = None
         if work is not None:
@@ -426,17 +402,14 @@ class Elector:
             self._wake.wait(max(0.0, (lease.deadline or 0.0) - clock()))
 
         self._elected.clear()
-        involuntary = lease.lost.is_set()
-        if not involuntary:
-            if self._stop.is_set():
-                reason = "elector stopped"
-            elif self._work_error is not None:
-                reason = f"work raised {self._work_error!r}"
-            else:
-                reason = "resigned"
-            lease._mark_lost(reason)
+        if self._stop.is_set():
+            stepped_down = term.step_down(LossReason.STOPPED)
+        elif self._work_error is not None:
+            stepped_down = term.step_down(LossReason.WORK_RAISED, repr(self._work_error))
         else:
-            signals.send(signals.leader_lost, self, lease=lease)
+            stepped_down = term.step_down(LossReason.RESIGNED)
+        if not stepped_down:  # lost, not given up: say so now
+            term.signal_lost()
         self._callback(self.on_lost, lease)
 
         if worker is not None:
@@ -450,34 +423,12 @@ class Elector:
                         self.name,
                         extra=log_extra(lease),
                     )
-        renewer.stop()
         self._lease = None
-        released = False
-        if not (self._stop.is_set() and not self._release_on_stop):
-            try:
-                released = caller.call(call_bound(self.timing), self.backend.release, lease)
-            except (BackendUnavailable, TimeoutError) as exc:
-                logger.warning(
-                    "could not release %r, it will expire: %s",
-                    self.name,
-                    exc,
-                    extra=log_extra(lease),
-                )
-        if not released and not involuntary:
-            # Leadership ended without a release (stop(release=False), or the release
-            # failed): listeners hear of the end all the same.
-            signals.send(signals.leader_lost, self, lease=lease)
-        if released:
-            logger.info(
-                "%s released %r (token %s)",
-                self.identity,
-                self.name,
-                lease.token,
-                extra=log_extra(lease),
-            )
-            signals.send(signals.lease_released, self, lease=lease)
+        # Without a release (stop(release=False), or a failed one) listeners hear of the
+        # end all the same: the term sends leader_lost then.
+        term.end(release=not (self._stop.is_set() and not self._release_on_stop))
 
-    def _renewer_lost(self, lease: Lease) -> None:
+    def _renewer_lost(self, term: Term) -> None:
         self._wake.set()
 
     def _run_work(self, work: Work, lease: Lease) -> None:

@@ -9,12 +9,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .exceptions import LeadershipLost
-
-if TYPE_CHECKING:
-    from .backends.base import Backend
 
 
 class EventKind(str, Enum):
@@ -31,6 +28,38 @@ class EventKind(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class LossReason(str, Enum):
+    """Why a held lease was lost (``Lease.lost_cause``); its value is the start of the
+    human-readable ``Lease.lost_reason``."""
+
+    #: A renewal was refused: the lease was taken over or force-released.
+    REFUSED = "renewal refused: the lease was taken over or released"
+    #: The local deadline passed with no renewal answered in time.
+    DEADLINE = "deadline passed without a successful renewal"
+    IN_FLIGHT = "deadline passed while a renewal was still in flight"
+    ANSWERED_LATE = "deadline passed before the renewal was answered"
+    #: A reader of ``Lease.held`` saw the local deadline pass first.
+    LOCAL_DEADLINE = "local deadline passed"
+    #: The renewer itself failed (a bug, or a foreign backend's error).
+    RENEWER_FAILED = "renewer failed"
+    #: Ended on purpose: ``Elector.stop()``, ``Elector.resign()``, ``work`` raising, the end
+    #: of a ``lock()`` block.
+    STOPPED = "elector stopped"
+    RESIGNED = "resigned"
+    WORK_RAISED = "work raised"
+    RELEASED = "released"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Fence(Protocol):
+    """What ``Lease.fenced()`` of a held lease calls: the store's ``fenced(lease)``
+    (attached by the term when the lease is granted; a snapshot has none)."""
+
+    def __call__(self, lease: Lease, /) -> AbstractContextManager[None]: ...
 
 
 def _boottime() -> float:
@@ -63,15 +92,19 @@ class Lease:
     transitions: int
     #: Set once this process no longer holds the lease. Never set on a snapshot.
     lost: threading.Event = field(default_factory=threading.Event, repr=False)
-    #: Why the lease was lost ("renew refused", "deadline passed", "released", ...).
+    #: Why the lease was lost, for a human ("renewal refused: …", "released", ...).
     lost_reason: str = field(default="", repr=False)
+    #: Why the lease was lost, to compare with (None while not lost).
+    lost_cause: LossReason | None = field(default=None, repr=False, compare=False)
     #: ``django_leader.lease.clock()`` time after which this process must consider the lease
     #: lost; ``None`` for a snapshot of someone else's lease.
     deadline: float | None = field(default=None, repr=False)
     previous_holder: str = field(default="", repr=False)
     #: The store's clock when this snapshot was read (``Backend.read``), else None.
     read_at: datetime | None = field(default=None, repr=False)
-    backend: Backend | None = field(default=None, repr=False, compare=False)
+    #: How ``fenced()`` fences writes: set on a lease this process was granted (copies
+    #: and renewals keep it), None on a snapshot.
+    _fence: Fence | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -84,7 +117,7 @@ class Lease:
         if self.deadline is None or self.lost.is_set():
             return False
         if clock() >= self.deadline:
-            self._mark_lost("local deadline passed")
+            self._mark_lost(LossReason.LOCAL_DEADLINE)
             return False
         return True
 
@@ -105,26 +138,28 @@ class Lease:
         """Raise :class:`LeadershipLost` unless this process still holds the lease."""
         if not self.held:
             reason = self.lost_reason or (
-                "not a held lease" if self.deadline is None else "local deadline passed"
+                "not a held lease" if self.deadline is None else LossReason.LOCAL_DEADLINE.value
             )
             raise LeadershipLost(f"lease {self.name!r} (token {self.token}) is lost: {reason}")
 
     def fenced(self) -> AbstractContextManager[None]:
         """A transaction whose writes commit only if this holder still holds this token.
 
-        See :meth:`django_leader.backends.base.Backend.fenced`.
+        See :meth:`django_leader.backends.base.Backend.fenced`. A snapshot (``read()``,
+        ``Elector.leader()``) raises :class:`LeadershipLost`.
         """
-        if self.backend is None:
+        if self._fence is None:
             raise LeadershipLost(f"lease {self.name!r} is a snapshot, not a held lease")
-        return self.backend.fenced(self)
+        return self._fence(self)
 
     # -- internal -------------------------------------------------------------------------
-    def _mark_lost(self, reason: str) -> bool:
-        """Set ``lost`` once; return True if this call did it."""
+    def _mark_lost(self, cause: LossReason, detail: str = "") -> bool:
+        """Set ``lost`` once, saying why; return True if this call did it."""
         with self._lock:
             if self.lost.is_set():
                 return False
-            self.lost_reason = reason
+            self.lost_cause = cause
+            self.lost_reason = f"{cause.value}: {detail}" if detail else cause.value
             self.lost.set()
             return True
 

@@ -101,7 +101,6 @@ class MemoryBackend(Backend):
             renewed_at=record.renewed_at,
             expires_at=expires_at,
             transitions=record.transitions,
-            backend=self,
             read_at=datetime.now(dt_timezone.utc),
         )
 
@@ -145,7 +144,6 @@ class MemoryBackend(Backend):
             if current is None:
                 return None
             snapshot = self._lease(name, current)
-            snapshot.backend = None
             return snapshot
 
     def names(self) -> list[str]:
@@ -192,6 +190,10 @@ class MemoryBackend(Backend):
         yield
 
 
+#: The stores of the override_leader blocks open now, innermost last.
+_memory_stores: list[MemoryBackend] = []
+
+
 class override_leader:  # lower case: used like a function, as override_settings
     """Make this process the leader of ``name`` (``leader=True``) or not (``leader=False``).
 
@@ -210,9 +212,10 @@ class override_leader:  # lower case: used like a function, as override_settings
 
     def __enter__(self) -> MemoryBackend:
         self._previous = backends._override
-        store = self.backend or (
-            self._previous if isinstance(self._previous, MemoryBackend) else MemoryBackend()
-        )
+        # Nested overrides share the outer one's store, so both names live in one place.
+        outer = _memory_stores[-1] if _memory_stores else None
+        store = self.backend or (outer if self._previous is outer else None) or MemoryBackend()
+        _memory_stores.append(store)
         if self.leader:
             store.unpin(self.name)
         else:
@@ -224,6 +227,7 @@ class override_leader:  # lower case: used like a function, as override_settings
     def __exit__(self, *exc: object) -> None:
         assert self.backend is not None
         self.backend.unpin(self.name)
+        _memory_stores.pop()
         backends._override = self._previous
 
     def __call__(self, func: F) -> F:

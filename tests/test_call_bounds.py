@@ -1,4 +1,4 @@
-"""SPEC rule 6: no store call of lock() or of the Elector is unbounded.
+"""No store call of lock() or of the Elector is unbounded (docs/api.md, "Bounded store calls").
 
 A store whose connection freezes (a PostgreSQL backend process stopped with SIGSTOP, a TCP
 peer that accepts and never answers: libpq has no read timeout) must not hang lock() nor
@@ -396,6 +396,6 @@ def test_distinct_short_ttls_share_few_backends() -> None:
     locks = [lock("bounded-cache", ttl=0.5 + i / 1000) for i in range(1000)]
     backends = {id(each.backend) for each in locks}
     assert len(backends) <= 12, f"{len(backends)} backends for 1000 ttls"
-    # Each still bounds its store calls below its own deadline (SPEC rule 6).
+    # Each still bounds its store calls below its own deadline (docs/api.md).
     for each in locks[::97]:
         assert each.backend.timeout <= each.timing.call_timeout  # type: ignore[attr-defined]

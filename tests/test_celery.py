@@ -32,8 +32,8 @@ from django_leader.backends.slots import Slot, entry_key
 from django_leader.celery import LeaderScheduler, singleton_task
 from django_leader.celery.beat import wrapped_scheduler_class
 from django_leader.celery.tasks import release_abandoned, singleton_spec, task_identity
-from django_leader.lease import clock
-from django_leader.locks import resolve_backend
+from django_leader.lease import LossReason, clock
+from django_leader.term import resolve_backend
 from testproject.celery import app as project_app  # noqa: F401
 from tests.conftest import stores_db
 
@@ -367,7 +367,7 @@ def test_a_redelivered_task_frees_the_lock_of_its_dead_process_on_this_host(stor
 # -- the slot records -----------------------------------------------------------------------
 def test_slot_records_are_fenced_by_the_lease(store: Any) -> None:
     from django_leader.conf import resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
 
     name = f"beat-{tag()}"
     slots = store.slots()
@@ -423,7 +423,7 @@ def test_slot_records_survive_a_connection_the_database_closed(server_db_store: 
 
     from django_leader.backends.db import DatabaseBackend
     from django_leader.conf import resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
     from tests.celeryprocs import kill_connections
 
     store = server_db_store
@@ -631,7 +631,7 @@ def test_losing_the_lease_stops_sending_and_the_beat_campaigns_again(
     assert elector is not None
     first = elector.lease
     assert first is not None
-    first._mark_lost("test: lost")  # as the renewer does when a renewal is refused
+    first._mark_lost(LossReason.REFUSED)  # as the renewer does when a renewal is refused
     elector._wake.set()
     scheduler.tick()
     assert scheduler._inner is None or scheduler._inner._dl_lease is not first

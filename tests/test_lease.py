@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from django_leader import LeadershipLost, Lease
-from django_leader.lease import clock
+from django_leader.lease import LossReason, clock
 
 
 def held_lease(seconds: float) -> Lease:
@@ -47,9 +47,20 @@ def test_snapshot_is_never_held() -> None:
 
 def test_lost_reason_reported_once() -> None:
     lease = held_lease(60)
-    assert lease._mark_lost("first") is True
-    assert lease._mark_lost("second") is False
-    assert lease.lost_reason == "first"
+    assert lease._mark_lost(LossReason.RESIGNED) is True
+    assert lease._mark_lost(LossReason.STOPPED) is False
+    assert lease.lost_reason == "resigned" and lease.lost_cause is LossReason.RESIGNED
+
+
+def test_lost_reason_is_readable_and_its_cause_comparable() -> None:
+    lease = held_lease(60)
+    assert lease.lost_cause is None and lease.lost_reason == ""
+    lease._mark_lost(LossReason.WORK_RAISED, "ValueError('boom')")
+    assert lease.lost_cause is LossReason.WORK_RAISED
+    assert lease.lost_reason == "work raised: ValueError('boom')"
+    with pytest.raises(LeadershipLost, match="work raised"):
+        lease.check()
+    assert LossReason.STOPPED == "elector stopped" and str(LossReason.RELEASED) == "released"
 
 
 def test_renewer_reports_a_loss_a_reader_saw_first() -> None:
@@ -59,7 +70,7 @@ def test_renewer_reports_a_loss_a_reader_saw_first() -> None:
 
     from django_leader.backends.base import Backend
     from django_leader.conf import Timing
-    from django_leader.locks import Renewer, StoreCaller
+    from django_leader.term import Renewer, StoreCaller
 
     class Recorder(Backend):  # pure logic: no store needed, nothing but `record` is called
         def __init__(self) -> None:

@@ -6,7 +6,7 @@ test databases this test uses, works through ``DatabaseBackend(alias)`` or
 ``CacheBackend(cache_alias)`` and reports what it does as JSON lines on stdout, stamped with
 wall-clock time. The parent starts, pauses and kills the children with signals and checks
 their reports against each other and against the store. Every timing assertion is a safety
-bound from the SPEC, not a benchmark.
+bound from the safety model (docs/safety.md), not a benchmark.
 
 On Redis, history is written to the database asynchronously, by a thread of the process
 that noticed the event: a child flushes it before the parent reads it. Redis seeds a
@@ -55,8 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TTL = 2.0
 RENEW = 0.5
 RETRY = 0.3
-#: SPEC rule 5: a crashed holder's lease is taken within TTL + RETRY_INTERVAL (plus 1 s
-#: for the new leader to report it on a loaded machine).
+#: Liveness (docs/safety.md): a crashed holder's lease is taken within TTL + RETRY_INTERVAL
+#: (plus 1 s for the new leader to report it on a loaded machine).
 TAKEOVER_BOUND = TTL + RETRY + 1.0
 #: Starting a child (Python + Django) and getting its first report.
 STARTUP = 30.0

@@ -101,3 +101,16 @@ def close_unusable_connections() -> None:
     from .db_slots import close_unusable_connections as close
 
     close()
+
+
+def resolve(backend: Backend | str | None, *, timeout: float | None = None) -> Backend:
+    """``backend`` if it is a :class:`Backend` instance, else :func:`get_backend` of the
+    dotted path it names (``None``: the ``BACKEND`` setting) with ``timeout``.
+
+    :raises TypeError: for anything else.
+    """
+    if backend is None or isinstance(backend, str):
+        return get_backend(backend, timeout=timeout)
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a Backend or a dotted path, got {backend!r}")
+    return backend

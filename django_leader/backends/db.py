@@ -170,7 +170,6 @@ class DatabaseBackend(Backend):
             renewed_at=aware(renewed),
             expires_at=aware(expires),
             previous_holder=previous or "",
-            backend=self,
         )
 
     def _update(self, cursor: Any, sql: str, params: list[Any], name: str) -> Lease | None:
@@ -332,7 +331,6 @@ class DatabaseBackend(Backend):
             row = cursor.fetchone()
         lease = self._row(row)
         if lease is not None:
-            lease.backend = None  # a snapshot cannot fence
             lease.read_at = aware(row[len(_COLUMNS)])
         return lease
 

@@ -259,7 +259,6 @@ class RedisBackend(Backend):
             renewed_at=_time(renewed),
             expires_at=_time(expires),
             previous_holder=_text(previous),
-            backend=self,
         )
 
     @staticmethod
@@ -292,7 +291,6 @@ class RedisBackend(Backend):
                 return None, None
             current = self._lease(name, [1, *reply[1:]])
             assert current is not None
-            current.backend = None
             return None, current
         lease = self._lease(name, reply)
         assert lease is not None
@@ -340,7 +338,6 @@ class RedisBackend(Backend):
         reply = self._call(self._force_release, name)
         lease = self._lease(name, reply)
         if lease is not None:
-            lease.backend = None
             self._record(
                 EventKind.FORCED_RELEASE, lease, _time(reply[9]), detail=detail, actor=actor
             )
@@ -350,7 +347,6 @@ class RedisBackend(Backend):
         reply = self._call(self._read, name)
         lease = self._lease(name, reply)
         if lease is not None:
-            lease.backend = None
             lease.read_at = _time(reply[9])
         return lease
 

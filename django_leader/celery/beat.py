@@ -49,7 +49,7 @@ from ..backends.slots import Slot, SlotStore, entry_key
 from ..conf import get_settings, validate_name
 from ..elector import Elector
 from ..exceptions import LeadershipLost
-from ..lease import Lease, clock
+from ..lease import Lease, LossReason, clock
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -91,7 +91,7 @@ class BeatElector(Elector):
         )
 
     def on_lost(self, lease: Lease) -> None:
-        stopped = lease.lost_reason == "elector stopped"
+        stopped = lease.lost_cause is LossReason.STOPPED
         logger.log(
             logging.INFO if stopped else logging.WARNING,
             "celery beat %s no longer leads %r (token %s, %s): it sends nothing%s",
@@ -221,10 +221,13 @@ class LeaderScheduler(Scheduler):
     ``"celery-beat:<app name>"``; its timing comes from ``DJANGO_LEADER``.
     """
 
-    #: The lease name (overrides the Celery setting ``beat_leader_lease``).
+    #: The lease name. Set on a subclass, it overrides the Celery setting
+    #: ``beat_leader_lease``; on an instance it is the name in use.
     lease_name: str | None = None
 
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        name = self.lease_name or app.conf.get("beat_leader_lease")
+        self.lease_name = validate_name(name or f"celery-beat:{app.main or 'default'}")
         self._wrapped = wrapped_scheduler_class()
         self._inner_cls = _leader_class(self._wrapped)
         self._inner_kwargs = dict(kwargs)
@@ -257,11 +260,11 @@ class LeaderScheduler(Scheduler):
             import django
 
             django.setup()
-        self._elector = BeatElector(self, self.lease)
+        self._elector = BeatElector(self, self._name)
         self._slots = self._elector.backend.slots()
         self._elector.start()
         threading.Thread(
-            target=self._watch, name=f"leader-beat-watchdog:{self.lease}", daemon=True
+            target=self._watch, name=f"leader-beat-watchdog:{self._name}", daemon=True
         ).start()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -359,7 +362,7 @@ class LeaderScheduler(Scheduler):
     def info(self) -> str:
         conf = get_settings()
         lines = [
-            f"    . leader lease -> {self.lease!r} ({conf.backend.rsplit('.', 1)[-1]}, "
+            f"    . leader lease -> {self._name!r} ({conf.backend.rsplit('.', 1)[-1]}, "
             f"ttl {conf.timing.ttl:g}s)",
             f"    . wraps -> {self._wrapped.__module__}.{self._wrapped.__qualname__}",
         ]
@@ -371,11 +374,15 @@ class LeaderScheduler(Scheduler):
     # -- state ----------------------------------------------------------------------------
     @property
     def lease(self) -> str:
-        """The name of the lease the beats campaign for."""
-        name = self.lease_name or self.app.conf.get("beat_leader_lease")
-        if not name:
-            name = f"celery-beat:{self.app.main or 'default'}"
-        return validate_name(name)
+        """The name of the lease the beats campaign for: :attr:`lease_name`, kept under
+        this name (the :class:`~django_leader.Lease` held now is ``elector.lease``)."""
+        return self._name
+
+    @property
+    def _name(self) -> str:
+        name = self.lease_name
+        assert name is not None  # set by __init__
+        return name
 
     @property
     def elector(self) -> BeatElector | None:

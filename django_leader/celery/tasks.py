@@ -41,10 +41,17 @@ from typing import Any, TypeVar, overload
 from celery import current_task, shared_task
 from celery.signals import task_failure, task_revoked
 
-from ..conf import MAX_IDENTITY_LENGTH, MAX_NAME_LENGTH, get_settings, validate_name
+from ..conf import (
+    MAX_IDENTITY_LENGTH,
+    MAX_NAME_LENGTH,
+    get_settings,
+    resolve_timing,
+    validate_name,
+)
 from ..exceptions import BackendUnavailable, LeaseHeld
 from ..lease import Lease, _use_lease
-from ..locks import Lock, resolve_backend
+from ..locks import Lock
+from ..term import resolve_backend
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -196,7 +203,8 @@ class Singleton:
         at most until its lease would expire (plus one retry interval). None: held by
         another task, or still held after the wait."""
         lock = Lock(name, ttl=self.ttl, blocking=False, identity=identity)
-        backend = lock.backend
+        timing = resolve_timing(self.ttl)
+        backend = resolve_backend(None, timing)  # the store the lock's term talks to
         current = backend.read(name)
         if current is None:  # released in between
             with suppress(LeaseHeld):
@@ -222,7 +230,6 @@ class Singleton:
             with suppress(LeaseHeld):
                 return lock, lock.__enter__()
             return None
-        timing = lock.timing
         remaining = current.expires_in
         if remaining is None:
             remaining = timing.ttl

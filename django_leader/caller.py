@@ -1,0 +1,294 @@
+"""Bounded store calls: :class:`StoreCaller` runs a term's store calls on a thread of its
+own, each waited for only up to a hard bound, so that a hung store never hangs its caller
+(see docs/safety.md, "Bounded store calls")."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import suppress
+from typing import Any, TypeVar
+
+from .backends.base import Backend
+from .lease import clock
+
+logger = logging.getLogger("django_leader")
+
+T = TypeVar("T")
+
+
+class _Call:
+    """One store call queued on, or running on, a :class:`_Worker`."""
+
+    __slots__ = (
+        "args",
+        "bound",
+        "finished",
+        "fn",
+        "future",
+        "given_up",
+        "on_late",
+        "started",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        bound: float | None,
+        on_late: Callable[[Any], None] | None,
+        worker: _Worker,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.bound = bound
+        self.on_late = on_late
+        self.worker = worker
+        self.future: Future[Any] = Future()
+        self.started: float | None = None
+        self.finished = False
+        self.given_up = False  # its caller stopped waiting for it
+
+
+class _Worker:
+    """One thread, hence one store connection (the backends keep one per thread), running
+    the calls of a :class:`StoreCaller` one after the other."""
+
+    def __init__(self, caller: StoreCaller, number: int) -> None:
+        self.caller = caller
+        self.queue: deque[_Call] = deque()
+        self.running: _Call | None = None
+        self.abandoned = False  # left to a hung call: ends after it, taking no other
+        self.closing = False  # ends once its queue is empty
+        self.thread = threading.Thread(
+            target=self._loop, name=f"leader-io:{caller.name}#{number}", daemon=True
+        )
+
+    def hung(self, now: float) -> bool:
+        """True if the call running here has outlived its bound."""
+        call = self.running
+        return (
+            call is not None
+            and call.bound is not None
+            and call.started is not None
+            and now >= call.started + call.bound
+        )
+
+    def _loop(self) -> None:
+        cond = self.caller._cond
+        try:
+            while True:
+                with cond:
+                    while not self.queue and not (self.closing or self.abandoned):
+                        cond.wait()
+                    if self.abandoned or not self.queue:
+                        return
+                    call = self.queue.popleft()
+                    if not call.future.set_running_or_notify_cancel():
+                        continue
+                    call.started = clock()
+                    self.running = call
+                error: BaseException | None = None
+                result: Any = None
+                try:
+                    result = call.fn(*call.args)
+                except BaseException as exc:  # handed to whoever waits for the future
+                    error = exc
+                with cond:
+                    self.running = None
+                    call.finished = True
+                    late = call.given_up
+                    cond.notify_all()
+                if error is None:
+                    call.future.set_result(result)
+                else:
+                    call.future.set_exception(error)
+                if late and error is None and call.on_late is not None:
+                    try:
+                        call.on_late(result)
+                    except Exception as exc:
+                        logger.warning(
+                            "handling the late answer of %s for %r failed: %s",
+                            getattr(call.fn, "__name__", call.fn),
+                            self.caller.name,
+                            exc,
+                        )
+        finally:
+            # This thread's connection: after a hang it is not trusted again.
+            with suppress(Exception):
+                self.caller.backend.close()
+
+
+class StoreCaller:
+    """Runs store calls on a worker thread of its own, each with a hard bound.
+
+    The caller waits for a result only until a deadline, and can step down while a call
+    still hangs (a local deadline never waits for the store). A call that outlives its
+    bound (a frozen server, or a TCP peer that accepts and never answers: libpq has no
+    read timeout) is left behind with its thread — and so with its connection, which the
+    backends keep per thread — and the calls queued behind it move to a new worker thread
+    with a new connection: the next call never waits for a hung one (docs/safety.md). The
+    abandoned thread ends, closing its connection, whenever its call returns; a late
+    success can be handed back through ``on_late`` (a lease nobody waits for any more is
+    released rather than held).
+    """
+
+    def __init__(self, backend: Backend, name: str) -> None:
+        self.backend = backend
+        self.name = name
+        self._cond = threading.Condition(threading.RLock())
+        self._worker: _Worker | None = None  # started with the first call
+        self._workers = 0
+        self._closed = False
+        #: How many workers were left to a hung call.
+        self.abandoned = 0
+
+    def __repr__(self) -> str:
+        return f"<StoreCaller {self.name!r}>"
+
+    # -- calls ----------------------------------------------------------------------------
+    def submit(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        bound: float | None = None,
+        on_late: Callable[[T], None] | None = None,
+    ) -> Future[T]:
+        """Queue ``fn(*args)``; the future of its outcome. ``bound``: seconds after which
+        the call, if still running, is deemed hung and left behind."""
+        return self._submit(fn, args, bound, on_late).future
+
+    def call(
+        self,
+        timeout: float,
+        fn: Callable[..., T],
+        *args: Any,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T:
+        """``fn(*args)`` on the worker; ``TimeoutError`` if it takes longer than ``timeout``
+        (then it is left behind: ``on_late(result)`` runs should it succeed after all)."""
+        call = self._submit(fn, args, timeout, on_late)
+        if not self._wait(call, timeout):
+            raise TimeoutError(
+                f"store call {getattr(fn, '__name__', fn)} still running after {timeout:.2f}s"
+            )
+        result: T = call.future.result()
+        return result
+
+    def _submit(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        bound: float | None,
+        on_late: Callable[[Any], None] | None,
+    ) -> _Call:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            worker = self._worker
+            if worker is None:
+                worker = self._worker = self._new_worker()
+            elif worker.hung(clock()):
+                worker = self._abandon(worker)
+            call = _Call(fn, args, None if bound is None else max(0.0, bound), on_late, worker)
+            worker.queue.append(call)
+            self._cond.notify_all()
+            return call
+
+    def _wait(self, call: _Call, timeout: float) -> bool:
+        """Wait for ``call`` up to ``timeout``, moving it off a worker whose running call
+        hangs; False (the call given up, left behind if it runs) if it did not finish."""
+        give_up = clock() + max(0.0, timeout)
+        with self._cond:
+            while True:
+                if call.finished:
+                    return True
+                now = clock()
+                worker = call.worker
+                if now >= give_up:
+                    call.given_up = True
+                    if call.started is None:
+                        with suppress(ValueError):
+                            worker.queue.remove(call)
+                        call.future.cancel()
+                    else:
+                        self._abandon(worker)
+                    return False
+                wake = give_up
+                running = worker.running
+                if running is not None and running is not call:
+                    if worker.hung(now):
+                        self._abandon(worker)  # ours moves to a new worker
+                        continue
+                    if running.bound is not None and running.started is not None:
+                        wake = min(wake, running.started + running.bound)
+                self._cond.wait(max(0.0, wake - now))
+
+    def _new_worker(self) -> _Worker:
+        self._workers += 1
+        worker = _Worker(self, self._workers)
+        worker.thread.start()  # it waits for self._cond, held by our caller
+        return worker
+
+    def _abandon(self, worker: _Worker) -> _Worker:
+        """Leave ``worker`` to its hung call; the worker that takes the calls from now on."""
+        if worker.abandoned:
+            return self._worker or worker
+        worker.abandoned = True
+        self.abandoned += 1
+        running = worker.running
+        logger.warning(
+            "store call %s for %r still running after %.2fs: left behind with its "
+            "connection; the next calls use a new one",
+            getattr(running.fn, "__name__", running.fn) if running else "?",
+            self.name,
+            running.bound if running and running.bound is not None else 0.0,
+        )
+        pending, worker.queue = worker.queue, deque()
+        if self._closed and not pending:
+            if self._worker is worker:
+                self._worker = None
+            self._cond.notify_all()
+            return worker
+        new = self._new_worker()
+        new.closing = self._closed
+        new.queue = pending
+        for call in pending:
+            call.worker = new
+        if self._worker is worker or self._worker is None:
+            self._worker = new
+        self._cond.notify_all()
+        return new
+
+    # -- end ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Take no more calls; the worker runs those queued, closes its connection and
+        ends. Returns at once, even while a call hangs."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            worker = self._worker
+            if worker is not None:
+                worker.closing = True
+                if worker.hung(clock()):  # what is queued behind it runs on a new one
+                    self._abandon(worker)
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` for the current worker to end (after :meth:`close`)."""
+        worker = self._worker
+        if worker is None:
+            return True
+        worker.thread.join(timeout)
+        return not worker.thread.is_alive()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """:meth:`close`, then (``wait``) :meth:`join` (the ``Executor`` spelling)."""
+        self.close()
+        if wait:
+            self.join()

@@ -1,0 +1,362 @@
+"""The life of one term — acquire, renew, step down, release — shared by ``lock()`` and
+:class:`~django_leader.Elector`, as etcd's ``concurrency.Session`` is by its election and
+mutex.
+
+A term begins with a grant (:func:`attempt`: one bounded acquisition; a grant that comes
+too late to be acted on is handed back here). A :class:`Term` then keeps it: its
+:class:`Renewer` renews the lease until the holder steps down (:meth:`Term.step_down`) or
+loses it, and :meth:`Term.end` stops the renewals, releases the lease within the bound of
+a store call, logs and sends the signals. Store calls run on a
+:class:`~django_leader.caller.StoreCaller`: none of them can hang the holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+from . import backends, hooks, signals
+from .backends.base import Backend
+from .caller import StoreCaller
+from .conf import Timing
+from .exceptions import BackendUnavailable
+from .lease import EventKind, Lease, LossReason, clock
+
+logger = logging.getLogger("django_leader")
+
+__all__ = [
+    "Renewer",
+    "StoreCaller",
+    "Term",
+    "acquire_once",
+    "attempt",
+    "call_bound",
+    "hand_back",
+    "log_extra",
+    "resolve_backend",
+]
+
+
+def resolve_backend(backend: Backend | str | None, timing: Timing | None = None) -> Backend:
+    """The backend to use: an instance as given, else the one named (default: settings),
+    with store-call timeouts short enough for ``timing`` (no call outlives a deadline)."""
+    return backends.resolve(backend, timeout=None if timing is None else timing.call_timeout)
+
+
+def log_extra(lease: Lease) -> dict[str, Any]:
+    return {"lease": lease.name, "holder": lease.holder, "token": lease.token}
+
+
+def call_bound(timing: Timing) -> float:
+    """The hard bound of one store call of a lock or an Elector (acquire, release, read):
+    three times the store's own call timeout (its socket and statement timeouts fire
+    first, normally), never past the local deadline an acquisition sent now would have."""
+    return max(timing.call_timeout, min(3 * timing.call_timeout, timing.ttl - timing.safety_margin))
+
+
+# -- the grant ----------------------------------------------------------------------------
+def acquire_once(
+    backend: Backend, name: str, holder: str, timing: Timing
+) -> tuple[Lease | None, Lease | None]:
+    """One acquisition attempt; the lease it grants is held: it carries its local deadline
+    and what its ``fenced()`` needs."""
+    sent = clock()
+    acquired, current = backend.acquire(name, holder, timing.ttl)
+    if acquired is not None:
+        acquired.deadline = sent + timing.ttl - timing.safety_margin
+        acquired._fence = backend.fenced
+    return acquired, current
+
+
+def attempt(
+    backend: Backend,
+    caller: StoreCaller,
+    name: str,
+    identity: str,
+    timing: Timing,
+    bound: float,
+    label: str,
+) -> tuple[Lease | None, Lease | None]:
+    """One acquisition of ``name`` for ``identity`` on ``caller``: ``(granted, current)``
+    as :meth:`Backend.acquire <django_leader.backends.base.Backend.acquire>` says.
+
+    Waited for at most ``bound`` seconds: ``TimeoutError`` after it (store errors
+    propagate). A grant that comes too late to be acted on is handed back — released, not
+    held unrenewed until it expires: one answered after its own local deadline here (and
+    reported as ``(None, None)``), one answered after the caller stopped waiting by the
+    thread left behind with the call, when it comes.
+    """
+
+    def late(result: tuple[Lease | None, Lease | None]) -> None:
+        if result[0] is not None:
+            hand_back(backend, result[0], label, "granted after the attempt was given up")
+
+    acquired, current = caller.call(
+        bound, acquire_once, backend, name, identity, timing, on_late=late
+    )
+    if acquired is None or acquired.held:
+        return acquired, current
+    try:
+        caller.call(
+            call_bound(timing), hand_back, backend, acquired, label, "granted after its deadline"
+        )
+    except Exception as exc:  # then it expires after its ttl
+        logger.warning(
+            "%s could not hand back the lease (token %s): %s",
+            label,
+            acquired.token,
+            exc,
+            extra=log_extra(acquired),
+        )
+    return None, None
+
+
+def hand_back(backend: Backend, lease: Lease, label: str, why: str) -> None:
+    """Release a grant its holder will not act on (on the store thread that got it)."""
+    released = backend.release(lease)
+    logger.info(
+        "%s handed back the lease (token %s), %s%s",
+        label,
+        lease.token,
+        why,
+        "" if released else ": it was no longer held",
+        extra=log_extra(lease),
+    )
+
+
+# -- the term -----------------------------------------------------------------------------
+class Renewer:
+    """Renews one held lease every ``renew_interval`` in a background thread.
+
+    The lease is marked lost (``lease.lost`` set, ``on_lost(lease)`` called once) as soon
+    as: a renewal is refused, or the local deadline (send time of the last successful
+    acquire/renew + TTL - safety margin) passes, even if a renewal is still in flight.
+    Transient store errors are retried until that deadline.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        lease: Lease,
+        timing: Timing,
+        caller: StoreCaller,
+        on_lost: Callable[[Lease], None] | None = None,
+    ) -> None:
+        if lease.deadline is None:
+            raise ValueError("Renewer needs a held lease (with a deadline)")
+        self.backend = backend
+        self.lease = lease
+        self.timing = timing
+        self.caller = caller
+        self.on_lost = on_lost
+        self._stop = threading.Event()
+        self._kick = threading.Event()  # set by stop() and by a renewal that completes
+        self._report_lock = threading.Lock()
+        self._reported = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"leader-renew:{lease.name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (does not release). Returns at once, even while a renewal hangs.
+
+        A lease whose deadline passed before the thread could notice is reported lost here.
+        """
+        self._stop.set()
+        self._kick.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        deadline = self.lease.deadline
+        if deadline is not None and clock() >= deadline:
+            self._lose(LossReason.DEADLINE)
+
+    def _run(self) -> None:
+        try:
+            self._renew_until_lost()
+        except Exception as exc:  # a bug or a foreign backend's error: never die silently
+            logger.exception("renewer of %r failed", self.lease.name)
+            self._lose(LossReason.RENEWER_FAILED, repr(exc))
+
+    def _renew_until_lost(self) -> None:
+        lease, timing = self.lease, self.timing
+        assert lease.deadline is not None
+        next_renew = lease.deadline - timing.ttl + timing.safety_margin + timing.renew_interval
+        while True:
+            deadline = lease.deadline
+            assert deadline is not None
+            if self._stop.wait(max(0.0, min(next_renew, deadline) - clock())):
+                return
+            now = clock()
+            if now >= deadline:
+                self._lose(LossReason.DEADLINE)
+                return
+            self._kick.clear()
+            future = self.caller.submit(
+                self.backend.renew, lease, timing.ttl, bound=max(0.0, deadline - now)
+            )
+            future.add_done_callback(lambda _: self._kick.set())
+            self._kick.wait(max(0.0, deadline - now))
+            if self._stop.is_set():
+                return
+            if not future.done():
+                hooks.notify("renew_failed", lease.name)
+                self._lose(LossReason.IN_FLIGHT)
+                return
+            try:
+                renewed = future.result()
+            except BackendUnavailable as exc:
+                hooks.notify("renew_failed", lease.name)
+                now = clock()
+                logger.warning(
+                    "renewing %r failed, retrying: %s", lease.name, exc, extra=log_extra(lease)
+                )
+                next_renew = now + min(timing.retry_interval, max(0.05, (deadline - now) / 2))
+                continue
+            if renewed is None:
+                hooks.notify("renew_refused", lease.name)
+                self._lose(LossReason.REFUSED)
+                return
+            hooks.notify("renew", lease.name, clock() - now)
+            if not lease._update(renewed, now + timing.ttl - timing.safety_margin):
+                # Answered, but too late: callers may already have seen the lease as lost,
+                # and it must never come back to life.
+                self._lose(LossReason.ANSWERED_LATE)
+                return
+            next_renew = now + timing.renew_interval
+
+    def _lose(self, cause: LossReason, detail: str = "") -> None:
+        """Mark the lease lost and report it, exactly once, whoever marked it first (a
+        reader of ``lease.held`` may have seen the deadline pass before this thread did)."""
+        lease = self.lease
+        lease._mark_lost(cause, detail)
+        with self._report_lock:
+            if self._reported:
+                return
+            self._reported = True
+        reason = lease.lost_reason
+        logger.warning(
+            "lost lease %r (token %s): %s",
+            lease.name,
+            lease.token,
+            reason,
+            extra=log_extra(lease),
+        )
+        with suppress(RuntimeError):  # the owner may already have closed the caller
+            self.caller.submit(
+                self.backend.record, EventKind.LOST, lease, reason, bound=self.timing.call_timeout
+            )
+        if self.on_lost is not None:
+            try:
+                self.on_lost(lease)
+            except Exception:
+                logger.exception("on_lost handler for %r raised", lease.name)
+
+
+class Term:
+    """One holder's term on one lease, from its grant to its release.
+
+    ``sender`` is the ``sender`` of the signals (the Elector, the lock); ``label`` names the
+    holder in the log. ``on_lost(term)`` runs in the renewer thread when the lease is lost
+    (not when the holder steps down). ``leader_lost`` is sent at most once per term: by
+    :meth:`signal_lost`, and by :meth:`end` for a term that ends without a release.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        lease: Lease,
+        timing: Timing,
+        caller: StoreCaller,
+        *,
+        sender: Any,
+        label: str,
+        on_lost: Callable[[Term], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.lease = lease
+        self.timing = timing
+        self.caller = caller
+        self.sender = sender
+        self.label = label
+        self._on_lost = on_lost
+        self._signalled = False
+        self._stepped_down = False
+        self._lock = threading.Lock()
+        self.renewer = Renewer(backend, lease, timing, caller, on_lost=self._renewer_lost)
+
+    def __repr__(self) -> str:
+        return f"<Term {self.lease.name!r} token {self.lease.token}>"
+
+    def begin(self) -> None:
+        """Start renewing."""
+        self.renewer.start()
+        lease = self.lease
+        logger.info(
+            "%s acquired the lease (token %s)", self.label, lease.token, extra=log_extra(lease)
+        )
+
+    def signal_elected(self) -> None:
+        signals.send(signals.leader_elected, self.sender, lease=self.lease)
+
+    def signal_lost(self) -> None:
+        """Send ``leader_lost`` for this term, unless it was sent already."""
+        with self._lock:
+            if self._signalled:
+                return
+            self._signalled = True
+        signals.send(signals.leader_lost, self.sender, lease=self.lease)
+
+    def step_down(self, cause: LossReason, detail: str = "") -> bool:
+        """End the term by choice: ``lease.lost`` is set, saying why. The renewer keeps the
+        lease alive in the store until :meth:`end`, so nobody takes over while the holder's
+        work winds down. False if the lease was lost already (then it was no choice)."""
+        stepped_down = self.lease._mark_lost(cause, detail)
+        if stepped_down:
+            self._stepped_down = True
+        return stepped_down
+
+    def end(self, release: bool = True) -> bool:
+        """Stop renewing, release the lease (unless ``release`` is False) within the bound
+        of a store call, log, and send ``lease_released`` — or ``leader_lost`` if it was
+        not released (unless the loss was signalled already). True if released. Returns
+        even while a renewal hangs; the caller is left open."""
+        lease = self.lease
+        self.renewer.stop()
+        self.step_down(LossReason.RELEASED)  # unless the holder said why already
+        released = False
+        if release:
+            try:
+                released = self.caller.call(call_bound(self.timing), self.backend.release, lease)
+            except (BackendUnavailable, TimeoutError) as exc:
+                logger.warning(
+                    "%s could not release the lease, it will expire: %s",
+                    self.label,
+                    exc,
+                    extra=log_extra(lease),
+                )
+            else:
+                if not released and self._stepped_down:
+                    logger.warning(
+                        "%s no longer held the lease at release (token %s)",
+                        self.label,
+                        lease.token,
+                        extra=log_extra(lease),
+                    )
+        if released:
+            logger.info(
+                "%s released the lease (token %s)", self.label, lease.token, extra=log_extra(lease)
+            )
+            signals.send(signals.lease_released, self.sender, lease=lease)
+        else:
+            self.signal_lost()
+        return released
+
+    def _renewer_lost(self, lease: Lease) -> None:
+        if self._on_lost is not None:
+            self._on_lost(self)
