@@ -143,8 +143,11 @@ class Run:
 
     def executions(self) -> list[dict[str, Any]]:
         events = self.procs.records(
-            lambda e: e["ev"] == "slot" and e.get("periodic_task_name") in (None, self.entry)
-            and (e.get("django_leader_entry") in (None, self.entry))
+            lambda e: (
+                e["ev"] == "slot"
+                and e.get("periodic_task_name") in (None, self.entry)
+                and (e.get("django_leader_entry") in (None, self.entry))
+            )
         )
         mine = [e for e in events if self._is_mine(e)]
         for event in mine:
@@ -176,8 +179,9 @@ class Run:
             if predicate(events):
                 return events
             if time.monotonic() > give_up:
-                raise RuntimeError(f"{self.tool}: no {what} within {timeout:.0f}s\n"
-                                   + self.procs.describe())
+                raise RuntimeError(
+                    f"{self.tool}: no {what} within {timeout:.0f}s\n" + self.procs.describe()
+                )
             time.sleep(0.2)
 
     def measure(self) -> Outcome:
@@ -258,10 +262,14 @@ def main() -> None:
                         )
         finally:
             procs.close()
-    print(f"\nmedian of {args.repeat} (python {sys.version.split()[0]}, {ROOT}); missed, dup: "
-          f"sums over the {args.repeat} runs; old beat alive: runs in which it was:")
-    print(f"{'tool':<12} {'signal':<8} {'gap':>7} {'takeover':>9} {'missed':>7} {'dup':>4}"
-          f" {'max senders':>12} {'old beat alive':>15}")
+    print(
+        f"\nmedian of {args.repeat} (python {sys.version.split()[0]}, {ROOT}); missed, dup: "
+        f"sums over the {args.repeat} runs; old beat alive: runs in which it was:"
+    )
+    print(
+        f"{'tool':<12} {'signal':<8} {'gap':>7} {'takeover':>9} {'missed':>7} {'dup':>4}"
+        f" {'max senders':>12} {'old beat alive':>15}"
+    )
     for tool in tools:
         for mode in MODES:
             mine = [o for o in outcomes if o.tool == tool and o.mode == mode]

@@ -63,9 +63,7 @@ def say(message: str) -> None:
     print(f"      {message}", flush=True)
 
 
-def wait_for(
-    probe: Callable[[], T | None], timeout: float, interval: float = 0.1
-) -> T | None:
+def wait_for(probe: Callable[[], T | None], timeout: float, interval: float = 0.1) -> T | None:
     """Call ``probe`` until it returns something other than None, or ``timeout`` passes."""
     give_up = time.monotonic() + timeout
     while True:
@@ -78,8 +76,10 @@ def wait_for(
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in cells]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join("      " + line.rstrip() for line in lines)
 
@@ -93,13 +93,23 @@ class Candidate:
         self._log: IO[bytes] = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [
-                sys.executable, "manage.py", "democandidate", NAME,
-                "--identity", identity,
-                "--ttl", str(TTL),
-                "--renew-interval", str(RENEW_INTERVAL),
-                "--retry-interval", str(RETRY_INTERVAL),
+                sys.executable,
+                "manage.py",
+                "democandidate",
+                NAME,
+                "--identity",
+                identity,
+                "--ttl",
+                str(TTL),
+                "--renew-interval",
+                str(RENEW_INTERVAL),
+                "--retry-interval",
+                str(RETRY_INTERVAL),
             ],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C in the terminal is for the demo, not for them
         )
@@ -137,7 +147,11 @@ def fresh_database(env: dict[str, str]) -> None:
     with log.open("wb") as out:
         done = subprocess.run(
             [sys.executable, "manage.py", "migrate", "--no-input"],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             check=False,
         )
     if done.returncode != 0:
@@ -163,8 +177,10 @@ def main() -> int:
     started = time.monotonic()
 
     print(f"django-leader demo: three processes campaign for the lease {NAME!r}.")
-    print(f"The lease lives {TTL:g}s unless renewed; the leader renews it every "
-          f"{RENEW_INTERVAL:g}s, followers retry every {RETRY_INTERVAL:g}s.")
+    print(
+        f"The lease lives {TTL:g}s unless renewed; the leader renews it every "
+        f"{RENEW_INTERVAL:g}s, followers retry every {RETRY_INTERVAL:g}s."
+    )
     print(f"Store: SQLite file {DATABASE.relative_to(REPO)}.")
 
     step(1, "Fresh database")
@@ -175,8 +191,11 @@ def main() -> int:
         return backend.read(NAME)
 
     def writes_by_token() -> list[tuple[str, int, int]]:
-        rows = (FencedWrite.objects.values("writer", "token")
-                .annotate(n=Count("id")).order_by("token", "writer"))
+        rows = (
+            FencedWrite.objects.values("writer", "token")
+            .annotate(n=Count("id"))
+            .order_by("token", "writer")
+        )
         return [(row["writer"], row["token"], row["n"]) for row in rows]
 
     candidates: dict[str, Candidate] = {}
@@ -192,8 +211,9 @@ def main() -> int:
         chief = candidates[first.holder]
         say(f"{chief} is the leader, fencing token {first.token}")
         # Let the leader do some work: fenced writes every 0.5 s.
-        wait_for(lambda: FencedWrite.objects.filter(token=first.token).count() >= 3 or None,
-                 timeout=10)
+        wait_for(
+            lambda: FencedWrite.objects.filter(token=first.token).count() >= 3 or None, timeout=10
+        )
         count = FencedWrite.objects.filter(token=first.token).count()
         say(f"it has committed {count} fenced writes under token {first.token} so far")
 
@@ -201,8 +221,10 @@ def main() -> int:
         chief.send(signal.SIGKILL)
         killed_at = time.monotonic()
         chief.wait(5)
-        say(f"killed. It could not release its lease, so the others must wait for it to "
-            f"expire (ttl {TTL:g}s).")
+        say(
+            f"killed. It could not release its lease, so the others must wait for it to "
+            f"expire (ttl {TTL:g}s)."
+        )
 
         step(4, "Takeover")
         expired_at: float | None = None
@@ -221,14 +243,19 @@ def main() -> int:
         took = time.monotonic() - killed_at
         successor = candidates[second.holder]
         say(f"+{took:4.1f}s  {successor} took over with fencing token {second.token}")
-        say(f"        (promised: within ttl + retry interval = {TTL + RETRY_INTERVAL:g}s "
-            "of the dead leader's last renewal)")
+        say(
+            f"        (promised: within ttl + retry interval = {TTL + RETRY_INTERVAL:g}s "
+            "of the dead leader's last renewal)"
+        )
         if second.token != first.token + 1:
             raise DemoFailed(f"expected token {first.token + 1}, got {second.token}")
-        say(f"token {first.token} -> {second.token}: a write still carrying token {first.token} "
-            "would now be refused by lease.fenced()")
-        wait_for(lambda: FencedWrite.objects.filter(token=second.token).count() >= 2 or None,
-                 timeout=10)
+        say(
+            f"token {first.token} -> {second.token}: a write still carrying token {first.token} "
+            "would now be refused by lease.fenced()"
+        )
+        wait_for(
+            lambda: FencedWrite.objects.filter(token=second.token).count() >= 2 or None, timeout=10
+        )
 
         step(5, "Shutdown with SIGTERM: followers first, then the leader (it releases the lease)")
         survivors = [c for c in candidates.values() if c is not chief]
@@ -241,11 +268,16 @@ def main() -> int:
             if code != 0:
                 failures.append(f"{candidate} exited with {code}")
         after = leader()
-        say("the lease is free now" if after is None
-            else f"the lease is still held by {after.holder}")
+        say(
+            "the lease is free now"
+            if after is None
+            else f"the lease is still held by {after.holder}"
+        )
 
-        print("\nFenced writes (table demoapp_fencedwrite): every token has exactly one writer",
-              flush=True)
+        print(
+            "\nFenced writes (table demoapp_fencedwrite): every token has exactly one writer",
+            flush=True,
+        )
         writes = writes_by_token()
         print(table(["writer", "token", "rows"], writes))
         tokens = [token for _, token, _ in writes]
@@ -254,11 +286,21 @@ def main() -> int:
 
         print(f"\nLease history of {NAME!r} (table django_leader_leaseevent, times UTC)")
         events = LeaseEvent.objects.filter(name=NAME).order_by("at", "id")
-        print(table(
-            ["at", "kind", "holder", "token", "previous holder"],
-            [(e.at.strftime("%H:%M:%S.%f")[:-3], e.kind, e.holder, e.token,
-              e.previous_holder or "-") for e in events],
-        ))
+        print(
+            table(
+                ["at", "kind", "holder", "token", "previous holder"],
+                [
+                    (
+                        e.at.strftime("%H:%M:%S.%f")[:-3],
+                        e.kind,
+                        e.holder,
+                        e.token,
+                        e.previous_holder or "-",
+                    )
+                    for e in events
+                ],
+            )
+        )
         span = FencedWrite.objects.aggregate(first=Min("token"), last=Max("token"))
         if span["first"] != first.token or span["last"] != second.token:
             failures.append(f"unexpected tokens among the fenced writes: {span}")
@@ -275,8 +317,10 @@ def main() -> int:
         for candidate in candidates.values():
             candidate.close()
 
-    print(f"\nDone in {time.monotonic() - started:.1f}s. Each candidate's own view of these "
-          f"events is in .demo/candidate-*.log.")
+    print(
+        f"\nDone in {time.monotonic() - started:.1f}s. Each candidate's own view of these "
+        f"events is in .demo/candidate-*.log."
+    )
     return 0
 
 

@@ -65,8 +65,7 @@ def tag() -> str:
 def whoami(name: str) -> dict[str, Any]:
     lease = current_lease()
     assert lease is not None
-    return {"name": lease.name, "token": lease.token, "holder": lease.holder,
-            "held": lease.held}
+    return {"name": lease.name, "token": lease.token, "holder": lease.holder, "held": lease.held}
 
 
 @singleton_task(key="unit-{name}", on_locked="raise")
@@ -388,8 +387,9 @@ def test_slot_records_are_fenced_by_the_lease(store: Any) -> None:
     assert new is not None and new.token > old.token
     assert old.held  # its local deadline has not passed: only the store can refuse it
     with pytest.raises(LeadershipLost):
-        slots.claim(old, Slot("every-second", at + timedelta(seconds=1), old.token, old.holder,
-                              "task-2"))
+        slots.claim(
+            old, Slot("every-second", at + timedelta(seconds=1), old.token, old.holder, "task-2")
+        )
     assert slots.load(new)["every-second"].task_id == "task-1"
 
     second = Slot("every-second", at + timedelta(seconds=1), new.token, new.holder, "task-3")
@@ -475,8 +475,12 @@ def beat_app(entry: str, every: float = 1.0) -> Celery:
 
 @pytest.fixture
 def beats(store: Any, settings: Any, tmp_path: Path) -> Any:
-    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER, "LEASE_TTL": 30.0,
-                              "RENEW_INTERVAL": 10.0, "RETRY_INTERVAL": 0.1}
+    settings.DJANGO_LEADER = {
+        **settings.DJANGO_LEADER,
+        "LEASE_TTL": 30.0,
+        "RENEW_INTERVAL": 10.0,
+        "RETRY_INTERVAL": 0.1,
+    }
     made: list[LeaderScheduler] = []
 
     def make(app: Celery, label: str) -> LeaderScheduler:
@@ -561,9 +565,7 @@ def test_leader_sends_with_slot_headers_and_records_the_slot(
     assert record.sent is True and record.task_id == message.options["task_id"]
 
 
-def test_a_new_leader_continues_from_the_recorded_slots(
-    beats: Any, sent: Sent, store: Any
-) -> None:
+def test_a_new_leader_continues_from_the_recorded_slots(beats: Any, sent: Sent, store: Any) -> None:
     app = beat_app("every-minute", every=60.0)
     first = beats(app, "a")
     inner = lead(first)
@@ -594,8 +596,7 @@ def test_a_deposed_leader_that_does_not_know_it_sends_nothing(
     assert elector is not None and elector.lease is not None
     # A copy of its lease that still believes it is held (as after a pause that the
     # renewer has not caught up with), while the store gives the lease to another beat.
-    ghost = dataclasses.replace(elector.lease, lost=threading.Event(),
-                                deadline=clock() + 100)
+    ghost = dataclasses.replace(elector.lease, lost=threading.Event(), deadline=clock() + 100)
     inner._dl_lease = ghost
     elector.stop(release=True)
     taken, _ = store.acquire(ghost.name, "the-next-leader", 30)
@@ -674,20 +675,26 @@ def test_checks_of_the_beat_configuration(settings: Any, monkeypatch: pytest.Mon
     assert beat_checks() == []  # the test project's configuration
     settings.DJANGO_LEADER = {**settings.DJANGO_LEADER, "BEAT_SCHEDULER": "nowhere:Nothing"}
     assert beat_checks() == ["django_leader.W010"]
-    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER,
-                              "BEAT_SCHEDULER": "django_leader.celery:LeaderScheduler"}
+    settings.DJANGO_LEADER = {
+        **settings.DJANGO_LEADER,
+        "BEAT_SCHEDULER": "django_leader.celery:LeaderScheduler",
+    }
     assert beat_checks() == ["django_leader.W010"]
 
     pytest.importorskip("django_celery_beat")
-    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER,
-                              "BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}
+    settings.DJANGO_LEADER = {
+        **settings.DJANGO_LEADER,
+        "BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler",
+    }
     installed["django_celery_beat"] = False
     assert beat_checks() == ["django_leader.W011"]
     installed["django_celery_beat"] = True
     assert beat_checks() == []
 
-    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER,
-                              "BACKEND": "tests.test_celery.UnfencedBackend"}
+    settings.DJANGO_LEADER = {
+        **settings.DJANGO_LEADER,
+        "BACKEND": "tests.test_celery.UnfencedBackend",
+    }
     assert beat_checks() == ["django_leader.W012"]
     settings.CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
     assert beat_checks() == ["django_leader.W013"]

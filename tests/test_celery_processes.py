@@ -124,8 +124,9 @@ class Workers:
         require_store(store)
         if store not in self.started:
             queue = f"dl-test-{store}-{tag()}"
-            worker = self.procs.worker(f"worker-{store}", queue, concurrency=4,
-                                       **STORES[store], **TIMING_ENV)
+            worker = self.procs.worker(
+                f"worker-{store}", queue, concurrency=4, **STORES[store], **TIMING_ENV
+            )
             self.started[store] = (worker, queue)
         worker, queue = self.started[store]
         assert worker.alive, self.procs.describe([worker])
@@ -154,8 +155,9 @@ def workers(procs: Processes) -> Workers:
 
 
 # -- helpers -------------------------------------------------------------------------------
-def first_to_log(processes: list[CeleryProcess], pattern: str, timeout: float, what: str
-                 ) -> CeleryProcess:
+def first_to_log(
+    processes: list[CeleryProcess], pattern: str, timeout: float, what: str
+) -> CeleryProcess:
     import re
 
     regex = re.compile(pattern, re.MULTILINE)
@@ -191,9 +193,7 @@ def slot_time(event: dict[str, Any]) -> float:
 
 
 # -- 1, 2. two beats, a SIGKILL and a SIGTERM ----------------------------------------------------
-def failover(
-    procs: Processes, workers: Workers, scheduler: str, store_name: str
-) -> dict[str, Any]:
+def failover(procs: Processes, workers: Workers, scheduler: str, store_name: str) -> dict[str, Any]:
     """Beats A and B; SIGKILL the sender; start C; SIGTERM the new sender. Checks the
     handovers as they happen, returns what the record shows."""
     _, queue = workers.get("redis")  # runs record_slot; its locks are not used
@@ -215,16 +215,23 @@ def failover(
 
     def slots(predicate: Callable[[dict[str, Any]], bool] = lambda event: True) -> list[dict]:
         return [
-            event for event in procs.records()
-            if event["ev"] == "slot" and event.get("django_leader_entry") == entry
+            event
+            for event in procs.records()
+            if event["ev"] == "slot"
+            and event.get("django_leader_entry") == entry
             and predicate(event)
         ]
 
     def wait_slots(holder: str, count: int, timeout: float) -> list[dict]:
         return procs.wait_records(
-            lambda event: event["ev"] == "slot" and event.get("django_leader_entry") == entry
-            and event["django_leader_holder"] == holder,
-            count, timeout, f"slots of {entry} sent by {holder}",
+            lambda event: (
+                event["ev"] == "slot"
+                and event.get("django_leader_entry") == entry
+                and event["django_leader_holder"] == holder
+            ),
+            count,
+            timeout,
+            f"slots of {entry} sent by {holder}",
         )
 
     try:
@@ -329,9 +336,11 @@ def check_record(result: dict[str, Any], request: pytest.FixtureRequest) -> None
 
     for key in ("takeover", "handover"):
         request.node.user_properties.append((key, round(result[key], 3)))
-    print(f"{request.node.name}: takeover after SIGKILL {result['takeover']:.3f}s, "
-          f"handover after SIGTERM {result['handover']:.3f}s, {len(record)} slots, "
-          f"longest gap {max(gaps):.3f}s")
+    print(
+        f"{request.node.name}: takeover after SIGKILL {result['takeover']:.3f}s, "
+        f"handover after SIGTERM {result['handover']:.3f}s, {len(record)} slots, "
+        f"longest gap {max(gaps):.3f}s"
+    )
 
 
 def test_two_beats_persistent_scheduler_leases_in_redis(
@@ -465,8 +474,9 @@ def test_worker_killed_mid_task_its_lock_expires_after_ttl(
     _, queue = workers.get("redis")
     store = store_backend("redis")
     doomed_queue = f"dl-test-doomed-{tag()}"
-    doomed = procs.worker(f"worker-doomed-{tag()}", doomed_queue, concurrency=2,
-                          **STORES["redis"], **TIMING_ENV)
+    doomed = procs.worker(
+        f"worker-doomed-{tag()}", doomed_queue, concurrency=2, **STORES["redis"], **TIMING_ENV
+    )
     run = tag()
     name = f"celery-test-hold-{run}"
     try:
@@ -516,20 +526,22 @@ def beat_env(store_env: dict[str, str], queue: str, run: str) -> tuple[dict[str,
 
 def entry_slots(procs: Processes, entry: str) -> list[dict[str, Any]]:
     return sorted(
-        procs.records(
-            lambda e: e["ev"] == "slot" and e.get("django_leader_entry") == entry
-        ),
+        procs.records(lambda e: e["ev"] == "slot" and e.get("django_leader_entry") == entry),
         key=slot_time,
     )
 
 
-def wait_entry_slots(procs: Processes, entry: str, after: float, count: int, timeout: float
-                     ) -> list[dict[str, Any]]:
+def wait_entry_slots(
+    procs: Processes, entry: str, after: float, count: int, timeout: float
+) -> list[dict[str, Any]]:
     """``count`` slots of ``entry`` stamped after ``after`` (whoever sent them)."""
     return procs.wait_records(
-        lambda e: e["ev"] == "slot" and e.get("django_leader_entry") == entry
-        and slot_time(e) > after,
-        count, timeout, f"slots of {entry} after {after:.3f}",
+        lambda e: (
+            e["ev"] == "slot" and e.get("django_leader_entry") == entry and slot_time(e) > after
+        ),
+        count,
+        timeout,
+        f"slots of {entry} after {after:.3f}",
     )
 
 
@@ -578,9 +590,7 @@ def test_beat_keeps_sending_after_the_database_kills_its_connections(
     assert_each_slot_once(entry_slots(procs, entry))
 
 
-def test_a_beat_that_cannot_record_its_slots_resigns(
-    procs: Processes, workers: Workers
-) -> None:
+def test_a_beat_that_cannot_record_its_slots_resigns(procs: Processes, workers: Workers) -> None:
     """The sending beat's database account loses its rights on the slot table (its lease
     renewals still succeed): after a few failed slots in a row it resigns, and the other
     beat sends (issue 10, defect 5)."""
@@ -599,17 +609,27 @@ def test_a_beat_that_cannot_record_its_slots_resigns(
     port = int(settings_dict.get("PORT") or 5432)
 
     def admin(dbname: str) -> psycopg.Connection:
-        return psycopg.connect(host=host, port=port, user=settings_dict.get("USER") or "postgres",
-                               password=settings_dict.get("PASSWORD") or None, dbname=dbname,
-                               autocommit=True)
+        return psycopg.connect(
+            host=host,
+            port=port,
+            user=settings_dict.get("USER") or "postgres",
+            password=settings_dict.get("PASSWORD") or None,
+            dbname=dbname,
+            autocommit=True,
+        )
 
     with admin(settings_dict["NAME"]) as conn:
         conn.execute(f'CREATE ROLE "{role}" LOGIN')
         conn.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"')
         conn.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
     try:
-        a = procs.beat(f"beat-a-{run}", **env, DJANGO_LEADER_POSTGRESQL_URL=(
-            f"postgres://{role}@{host}:{port}/{settings_dict['NAME']}"))
+        a = procs.beat(
+            f"beat-a-{run}",
+            **env,
+            DJANGO_LEADER_POSTGRESQL_URL=(
+                f"postgres://{role}@{host}:{port}/{settings_dict['NAME']}"
+            ),
+        )
         a.wait_log(leads, STARTUP, "leading")
         a_id = identity_of(a, lease)
         wait_entry_slots(procs, entry, 0, 2, 2 * EVERY + 30)
@@ -650,8 +670,9 @@ def test_singleton_redelivered_after_its_process_is_killed_runs_again(
     _, queue, _ = worker
     run = tag()
     result = task.apply_async((run, str(tmp_path / "marker")), queue=queue)
-    first = procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30,
-                               "start")[0]
+    first = procs.wait_records(
+        lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start"
+    )[0]
     assert first["first"] is True
     os.kill(first["pid"], signal.SIGKILL)
     token = result.get(timeout=60)
@@ -672,8 +693,9 @@ def test_singleton_retry_published_before_the_attempt_ends_is_not_skipped(
     _, queue, _ = worker
     run = tag()
     singleton_retries_itself.apply_async((run, 1.5), queue=queue)
-    ends = procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "end", 2, 30,
-                              "ends of both attempts")
+    ends = procs.wait_records(
+        lambda e: e.get("tag") == run and e["ev"] == "end", 2, 30, "ends of both attempts"
+    )
     starts = procs.records(lambda e: e.get("tag") == run and e["ev"] == "start")
     assert [e["retries"] for e in starts] == [0, 1]
     assert [e["retries"] for e in ends] == [0, 1]
@@ -751,8 +773,11 @@ def test_a_beat_stuck_on_a_frozen_database_connection_resigns(
                 rows = admin.execute(
                     "SELECT pid FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
                     "AND client_port = ANY(%s) AND query LIKE %s",
-                    [settings_dict["NAME"], sorted(tcp_ports(leader.pid)),
-                     f"%{BeatSlot._meta.db_table}%"],
+                    [
+                        settings_dict["NAME"],
+                        sorted(tcp_ports(leader.pid)),
+                        f"%{BeatSlot._meta.db_table}%",
+                    ],
                 ).fetchall()
                 if rows:
                     frozen = int(rows[0][0])

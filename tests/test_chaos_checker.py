@@ -133,8 +133,12 @@ def test_a_leader_whose_fenced_writes_keep_failing_is_flagged() -> None:
     found = checker.check(history, PARAMS).violations
     assert [(v.check, v.fault) for v in found] == [("fenced-stuck", "mariadb-restart")]
     # Failing only while the store is down, and for a moment after, is no violation.
-    history = [*term("A", 1, 0.0, 10.0), fault("mariadb-restart", 3.0, ready=8.0),
-               *writes("A", 1, 3.0, 9.0, ev="write_error"), *writes("A", 1, 9.1, 10.0)]
+    history = [
+        *term("A", 1, 0.0, 10.0),
+        fault("mariadb-restart", 3.0, ready=8.0),
+        *writes("A", 1, 3.0, 9.0, ev="write_error"),
+        *writes("A", 1, 9.1, 10.0),
+    ]
     assert checks(history) == {}
 
 

@@ -174,8 +174,10 @@ def test_resolve_timing_short_ttl_alone_is_valid() -> None:
 
 
 def test_settings_must_be_a_dict() -> None:
-    with override_settings(DJANGO_LEADER=[]), pytest.raises(ImproperlyConfigured,
-                                                            match="must be a dict"):
+    with (
+        override_settings(DJANGO_LEADER=[]),
+        pytest.raises(ImproperlyConfigured, match="must be a dict"),
+    ):
         get_settings()
 
 

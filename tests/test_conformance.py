@@ -132,8 +132,11 @@ def test_force_release(backend: Any, lease_name: str) -> None:
     assert taken.token == lease.token + 1
     assert backend.release(lease) is False  # the old holder's late release changes nothing
     kinds = [(event[0], event[1], event[4]) for event in history(backend, lease_name)]
-    assert kinds == [("acquired", "alice", ""), ("forced_release", "alice", "operator"),
-                     ("acquired", "bob", "")]
+    assert kinds == [
+        ("acquired", "alice", ""),
+        ("forced_release", "alice", "operator"),
+        ("acquired", "bob", ""),
+    ]
 
 
 @pytest.mark.parametrize("released", [True, False], ids=["released", "held"])

@@ -150,7 +150,9 @@ def test_steps_down_at_deadline_while_renew_hangs(
     # The renewer (its call still in flight) or the elector (waking at the deadline) says so.
     assert lease.lost.is_set()
     assert lease.lost_reason in (
-        "deadline passed while a renewal was still in flight", "local deadline passed")
+        "deadline passed while a renewal was still in flight",
+        "local deadline passed",
+    )
     assert lost_at[0] >= lease.deadline  # not before its deadline...
     # ...and before the store could give the lease away (its expiry is later still).
     assert backend.read(lease_name) is not None or lost_at[0] < lease.deadline + 0.5
@@ -476,8 +478,12 @@ def test_loss_seen_first_by_a_reader_is_still_reported(
     report it (on_lost, the lost event), not take it as already handled."""
     faulty = FaultyBackend(backend)
     lost = threading.Event()
-    elector = start(electors, Elector(lease_name, identity="watched", backend=faulty,
-                                      on_lost=lambda lease: lost.set(), **FAST))
+    elector = start(
+        electors,
+        Elector(
+            lease_name, identity="watched", backend=faulty, on_lost=lambda lease: lost.set(), **FAST
+        ),
+    )
     assert elector.wait_for_leadership(WAIT)
     lease = elector.lease
     faulty.hang_renew.set()

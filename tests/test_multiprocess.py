@@ -90,8 +90,13 @@ class Child:
         with self.stderr_path.open("wb") as stderr:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", f"tests.procs.{module}"],
-                cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=stderr, text=True, bufsize=1,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                bufsize=1,
             )
         self.pid = self.proc.pid
         self.reader = threading.Thread(target=self._read, name=f"read-{label}", daemon=True)
@@ -117,8 +122,9 @@ class Child:
 
     def request(self, cmd: str, reply: str, timeout: float = PATIENCE, **fields: Any) -> Event:
         after = self.send(cmd, **fields)
-        return self.cluster.wait_for(matches(reply, self.label), f"{self.label}: {reply}",
-                                     timeout, after=after)
+        return self.cluster.wait_for(
+            matches(reply, self.label), f"{self.label}: {reply}", timeout, after=after
+        )
 
     def state(self) -> str:
         """The process state letter from /proc (``T`` when stopped)."""
@@ -179,10 +185,12 @@ class Cluster:
             DL_MP_DB_ALIAS=self.db_alias,
             DL_MP_DB_NAME=self.db_name,
             # Every other database alias on its test database too (see tests/conftest.py).
-            DJANGO_LEADER_TEST_DB_NAMES=json.dumps({
-                alias: str(connections[alias].settings_dict["NAME"])
-                for alias in settings.DATABASES
-            }),
+            DJANGO_LEADER_TEST_DB_NAMES=json.dumps(
+                {
+                    alias: str(connections[alias].settings_dict["NAME"])
+                    for alias in settings.DATABASES
+                }
+            ),
             DL_MP_IDENTITY=f"{label}-{uuid.uuid4().hex[:6]}",
             DL_MP_LEASE=self.lease,
             **extra,
@@ -197,9 +205,12 @@ class Cluster:
     def candidates(self, *labels: str) -> list[Child]:
         """Start Elector candidates and wait until each campaigns."""
         timing = {
-            "DL_MP_TTL": str(TTL), "DL_MP_RENEW": str(RENEW), "DL_MP_RETRY": str(RETRY),
+            "DL_MP_TTL": str(TTL),
+            "DL_MP_RENEW": str(RENEW),
+            "DL_MP_RETRY": str(RETRY),
             # The same timing in the settings, which bound each store call of the backend.
-            "DJANGO_LEADER_TTL": str(TTL), "DJANGO_LEADER_RENEW": str(RENEW),
+            "DJANGO_LEADER_TTL": str(TTL),
+            "DJANGO_LEADER_RENEW": str(RENEW),
             "DJANGO_LEADER_RETRY": str(RETRY),
         }
         children = [self.spawn(label, "candidate", **timing) for label in labels]
@@ -265,8 +276,12 @@ class Cluster:
             assert child.request("flush", "flushed")["ok"], f"{child.label}: history not flushed"
         assert self.store.flush_history(PATIENCE), "the parent's history not flushed"
         order = ("at", "id") if self.is_cache else ("id",)
-        return list(LeaseEvent.objects.using(self.db_alias).filter(name=name)
-                    .order_by(*order).values_list("kind", "holder", "token"))
+        return list(
+            LeaseEvent.objects.using(self.db_alias)
+            .filter(name=name)
+            .order_by(*order)
+            .values_list("kind", "holder", "token")
+        )
 
     def forget(self) -> None:
         """Remove this test's keys from Redis (a lease's meta key never expires)."""
@@ -378,8 +393,9 @@ def wait_renewals(cluster: Cluster, who: str, token: int, count: int) -> Event:
     """Wait until ``who`` has renewed lease ``token`` ``count`` times; the last renewal."""
     for _ in range(count):
         after = cluster.position()
-        event = cluster.wait_for(matches("deadline", who, token=token),
-                                 f"a renewal by {who}", PATIENCE, after=after)
+        event = cluster.wait_for(
+            matches("deadline", who, token=token), f"a renewal by {who}", PATIENCE, after=after
+        )
     return event
 
 
@@ -425,8 +441,12 @@ def test_processes_racing_for_a_free_lease_exactly_one_wins(
         for racer in racers:
             racer.send("race", name=name, at=start_at, ttl=30.0)
         results = [
-            cluster.wait_for(matches("raced", racer.label, name=name),
-                             f"{racer.label}'s attempt on {kind}", PATIENCE, after=after)
+            cluster.wait_for(
+                matches("raced", racer.label, name=name),
+                f"{racer.label}'s attempt on {kind}",
+                PATIENCE,
+                after=after,
+            )
             for racer in racers
         ]
         detail = f"{kind}: {json.dumps(results, indent=1)}"
@@ -446,7 +466,9 @@ def test_processes_racing_for_a_free_lease_exactly_one_wins(
             if not loser["won"]:
                 assert loser["current"] is not None, detail
                 assert (loser["current"]["holder"], loser["current"]["token"]) == (
-                    won["holder"], won["token"]), detail
+                    won["holder"],
+                    won["token"],
+                ), detail
         current = store.read(name)
         assert current is not None
         assert (current.holder, current.token) == (won["holder"], won["token"])
@@ -471,14 +493,17 @@ def test_killed_leader_is_replaced_within_ttl_plus_retry(
     assert leader.label == first["who"]
     for child in children:
         if child is not leader:
-            cluster.wait_for(matches("new_leader", child.label, token=first["token"]),
-                             f"{child.label} seeing the leader")
+            cluster.wait_for(
+                matches("new_leader", child.label, token=first["token"]),
+                f"{child.label} seeing the leader",
+            )
 
     after = cluster.position()
     killed_at = time.time()
     leader.kill()
-    second = cluster.wait_for(matches("elected"), "a new leader", TAKEOVER_BOUND + PATIENCE,
-                              after=after)
+    second = cluster.wait_for(
+        matches("elected"), "a new leader", TAKEOVER_BOUND + PATIENCE, after=after
+    )
     takeover = second["t"] - killed_at
     report(request, takeover=takeover)
     assert second["who"] != leader.label
@@ -515,16 +540,16 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     assert_fenced_write(cluster, wrote, committed=True)
 
     after = old.send("freeze")
-    freezing = cluster.wait_for(matches("freezing", old.label), "the leader pausing",
-                                after=after)
+    freezing = cluster.wait_for(matches("freezing", old.label), "the leader pausing", after=after)
     give_up = time.monotonic() + PATIENCE
     while old.state() != "T":
         assert time.monotonic() < give_up, f"{old.label} never stopped: {old.state()}"
         time.sleep(0.005)
     paused_at = freezing["t"]
 
-    second = cluster.wait_for(matches("elected", new_label), "a takeover",
-                              TAKEOVER_BOUND + PATIENCE, after=after)
+    second = cluster.wait_for(
+        matches("elected", new_label), "a takeover", TAKEOVER_BOUND + PATIENCE, after=after
+    )
     assert second["token"] > first["token"]
     assert new_label != old.label
     new = cluster.children[new_label]
@@ -537,13 +562,22 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     resumed_at = time.time()
     os.kill(old.pid, signal.SIGCONT)
 
-    lost = cluster.wait_for(matches("lost", old.label, token=first["token"]),
-                            "the old leader reporting the loss", PATIENCE, after=after)
-    resumed = cluster.wait_for(matches("resumed", old.label), "the old leader resuming",
-                               after=after)
-    report(request, pause=resumed_at - paused_at, takeover=second["t"] - paused_at,
-           lost_after_resume=lost["t"] - resumed_at,
-           deadline_before_takeover=second["acquired_at"] - lost["deadline_wall"])
+    lost = cluster.wait_for(
+        matches("lost", old.label, token=first["token"]),
+        "the old leader reporting the loss",
+        PATIENCE,
+        after=after,
+    )
+    resumed = cluster.wait_for(
+        matches("resumed", old.label), "the old leader resuming", after=after
+    )
+    report(
+        request,
+        pause=resumed_at - paused_at,
+        takeover=second["t"] - paused_at,
+        lost_after_resume=lost["t"] - resumed_at,
+        deadline_before_takeover=second["acquired_at"] - lost["deadline_wall"],
+    )
     print(f"sampled on resume before the renewer marked it lost: {not resumed['lost_already']}")
     assert "deadline" in lost["reason"], lost
     # The step-down instant precedes the moment the store gave the lease away, and the
@@ -554,11 +588,15 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     # before the renewer ran: see lost_already).
     assert resumed["stopped_for"] > TTL, resumed  # sampled after the pause, not before
     assert resumed["is_leader"] is False and resumed["held"] is False, cluster.describe()
-    woke = cluster.wait_for(lambda e: matches("state", old.label)(e) and e["gap"] is not None,
-                            "is_leader sampled after the resume", after=after)
+    woke = cluster.wait_for(
+        lambda e: matches("state", old.label)(e) and e["gap"] is not None,
+        "is_leader sampled after the resume",
+        after=after,
+    )
     assert woke["t"] >= resumed_at and woke["leader"] is False, woke
-    assert not cluster.select(lambda e: matches("state", old.label, leader=True)(e)
-                              and e["t"] >= resumed_at), cluster.describe()
+    assert not cluster.select(
+        lambda e: matches("state", old.label, leader=True)(e) and e["t"] >= resumed_at
+    ), cluster.describe()
     cluster.wait_for(matches("work_done", old.label, token=first["token"]), "work returning")
 
     probe = old.request("probe", "probe", token=first["token"])
@@ -572,7 +610,9 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
 
     current = store.read(cluster.lease)
     assert current is not None and (current.holder, current.token) == (
-        second["holder"], second["token"])
+        second["holder"],
+        second["token"],
+    )
     rows = FencedWrite.objects.using(cluster.db_alias)
     old_ids = list(rows.filter(token=first["token"]).values_list("id", "note"))
     new_ids = list(rows.filter(token=second["token"]).values_list("id", "note"))
@@ -600,8 +640,9 @@ def test_stopped_leader_releases_and_follower_takes_over_at_once(
     terminated_at = time.time()
     old.proc.send_signal(signal.SIGTERM)
     second = cluster.wait_for(matches("elected"), "a takeover", PATIENCE, after=after)
-    stopped = cluster.wait_for(matches("stopped", old.label), "the old leader stopping",
-                               after=after)
+    stopped = cluster.wait_for(
+        matches("stopped", old.label), "the old leader stopping", after=after
+    )
     assert old.proc.wait(timeout=PATIENCE) == 0
     takeover = second["t"] - terminated_at
     report(request, takeover=takeover, after_release=second["t"] - stopped["t"])

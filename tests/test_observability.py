@@ -37,8 +37,9 @@ class NoWrites(Backend):
 
 
 @stores_db
-def test_has_leader_200_then_503_and_only_reads(backend: Any, lease_name: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_has_leader_200_then_503_and_only_reads(
+    backend: Any, lease_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from django_leader import views
 
     monkeypatch.setattr(views, "get_backend", lambda: NoWrites(backend))

@@ -20,8 +20,12 @@ from django_leader import current_lease
 from django_leader.celery import singleton_task
 
 #: Headers LeaderScheduler adds to each message it sends (see docs/celery.md).
-BEAT_HEADERS = ("django_leader_entry", "django_leader_slot", "django_leader_token",
-                "django_leader_holder")
+BEAT_HEADERS = (
+    "django_leader_entry",
+    "django_leader_slot",
+    "django_leader_token",
+    "django_leader_holder",
+)
 
 
 def record(ev: str, **fields: Any) -> None:
@@ -68,8 +72,13 @@ def singleton_interval(tag: str, seconds: float) -> int:
     return _interval(tag, seconds)
 
 
-@singleton_task(key="celery-test-retry-{tag}", ttl=10, on_locked="retry",
-                default_retry_delay=0.2, max_retries=None)
+@singleton_task(
+    key="celery-test-retry-{tag}",
+    ttl=10,
+    on_locked="retry",
+    default_retry_delay=0.2,
+    max_retries=None,
+)
 def singleton_retry_interval(tag: str, seconds: float) -> int:
     """Like :func:`singleton_interval`, but retried (every 0.2 s) while the lock is held."""
     return _interval(tag, seconds)
@@ -114,8 +123,7 @@ def _hold_once(tag: str, marker: str) -> int:
     lease = current_lease()
     assert lease is not None
     first = not os.path.exists(marker)
-    record("start", tag=tag, token=lease.token, name=lease.name, holder=lease.holder,
-           first=first)
+    record("start", tag=tag, token=lease.token, name=lease.name, holder=lease.holder, first=first)
     if first:
         open(marker, "x").close()
         lease.lost.wait(120)
@@ -123,16 +131,23 @@ def _hold_once(tag: str, marker: str) -> int:
     return lease.token
 
 
-@singleton_task(key="celery-test-redeliver-{tag}", ttl=30, acks_late=True,
-                reject_on_worker_lost=True)
+@singleton_task(
+    key="celery-test-redeliver-{tag}", ttl=30, acks_late=True, reject_on_worker_lost=True
+)
 def singleton_redelivered(tag: str, marker: str) -> int:
     """acks_late + reject_on_worker_lost: redelivered at once when its process is killed;
     ``on_locked="skip"``."""
     return _hold_once(tag, marker)
 
 
-@singleton_task(key="celery-test-redeliver-retry-{tag}", ttl=30, acks_late=True,
-                reject_on_worker_lost=True, on_locked="retry", default_retry_delay=0.2)
+@singleton_task(
+    key="celery-test-redeliver-retry-{tag}",
+    ttl=30,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    on_locked="retry",
+    default_retry_delay=0.2,
+)
 def singleton_redelivered_retry(tag: str, marker: str) -> int:
     """As :func:`singleton_redelivered` with ``on_locked="retry"`` and Celery's default
     ``max_retries`` (3)."""

@@ -289,7 +289,8 @@ def kill_connections(settings_dict: dict[str, Any], pid: int) -> list[int]:
                 "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE DB = %s", [name]
             )
             ended = [
-                int(row[0]) for row in cursor.fetchall()
+                int(row[0])
+                for row in cursor.fetchall()
                 if ":" in row[1] and int(row[1].rsplit(":", 1)[1]) in ports
             ]
             for thread_id in ended:

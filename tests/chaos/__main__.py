@@ -23,8 +23,12 @@ from tests.chaos.stores import STORES
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     parser.add_argument("--store", choices=sorted(STORES))
-    parser.add_argument("--recheck", type=Path, metavar="WORKDIR",
-                        help="check the records kept in WORKDIR again (no new run)")
+    parser.add_argument(
+        "--recheck",
+        type=Path,
+        metavar="WORKDIR",
+        help="check the records kept in WORKDIR again (no new run)",
+    )
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of faults")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--report", type=Path, help="directory for STORE.md/.json/.png")

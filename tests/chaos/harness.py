@@ -385,7 +385,9 @@ class Harness:
             return False
         if "target" in fault:
             return act["t"] > fault["ready"] and (act["who"], act["token"]) != (
-                fault["target"], fault["token"])
+                fault["target"],
+                fault["token"],
+            )
         # A store fault: long enough for its effects to show (an old leader acting on
         # after a flush, a leader whose writes keep failing), then a leader.
         return bool(act["t"] > fault["ready"] + self.config.params.bound(fault["lossy"]))

@@ -43,9 +43,13 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "seed": config.seed,
         "duration": config.duration,
         "elapsed": round(outcome.ended - outcome.started, 1),
-        "timing": {"ttl": config.ttl, "renew_interval": config.renew_interval,
-                   "retry_interval": config.retry_interval,
-                   "lock_delay": config.params.lock_delay, "grace": config.params.grace},
+        "timing": {
+            "ttl": config.ttl,
+            "renew_interval": config.renew_interval,
+            "retry_interval": config.retry_interval,
+            "lock_delay": config.params.lock_delay,
+            "grace": config.params.grace,
+        },
         "candidates": {"electors": config.electors, "runleaders": config.runleaders},
         "faults": len(result.recoveries),
         "acts": result.acts,
@@ -60,8 +64,12 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "by_kind": dict(sorted(kinds.items())),
         "recovery": checker.summary(every),
         "examples": [
-            {"check": v.check, "fault": v.fault, "t": round(v.t - outcome.started, 3),
-             "message": v.message}
+            {
+                "check": v.check,
+                "fault": v.fault,
+                "t": round(v.t - outcome.started, 3),
+                "message": v.message,
+            }
             for v in _examples(result.violations)
         ],
         "notes": outcome.notes,

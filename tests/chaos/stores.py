@@ -359,7 +359,8 @@ class PostgreSQLStore(Store):
             with self.connect() as db:
                 killed = db.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = %s AND pid <> pg_backend_pid()", [DATABASE]
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    [DATABASE],
                 ).fetchone()
             return Injected(start, clock(), lossy=False, detail=f"{killed[0]} connections")
         if kind != "pg-restart":
@@ -471,7 +472,8 @@ class MariaDBStore(Store):
                 cursor = db.cursor()
                 cursor.execute(
                     "SELECT id FROM information_schema.processlist "
-                    "WHERE id <> CONNECTION_ID() AND db = %s", [DATABASE]
+                    "WHERE id <> CONNECTION_ID() AND db = %s",
+                    [DATABASE],
                 )
                 ids = [row[0] for row in cursor.fetchall()]
                 killed = 0

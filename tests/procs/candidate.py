@@ -97,14 +97,21 @@ def main() -> None:
                 # so whatever is_leader says now comes from the local deadline alone.
                 lost = lease.lost.is_set()
                 leading, held = elector.is_leader, lease.held
-                emit("resumed", token=lease.token, is_leader=leading, held=held,
-                     lost_already=lost, stopped_for=time.monotonic() - before)
+                emit(
+                    "resumed",
+                    token=lease.token,
+                    is_leader=leading,
+                    held=held,
+                    lost_already=lost,
+                    stopped_for=time.monotonic() - before,
+                )
         emit("work_done", token=lease.token, reason=lease.lost_reason)
 
     def on_lost(lease: Lease) -> None:
         assert lease.deadline is not None
-        emit("lost", token=lease.token, reason=lease.lost_reason,
-             deadline_wall=wall(lease.deadline))
+        emit(
+            "lost", token=lease.token, reason=lease.lost_reason, deadline_wall=wall(lease.deadline)
+        )
 
     elector = Elector(
         os.environ["DL_MP_LEASE"],
@@ -162,10 +169,13 @@ def main() -> None:
         if cmd == "status":
             held = elector.lease
             store = elector.leader()
-            emit("status", is_leader=elector.is_leader,
-                 token=None if held is None else held.token,
-                 store_holder=None if store is None else store.holder,
-                 store_token=None if store is None else store.token)
+            emit(
+                "status",
+                is_leader=elector.is_leader,
+                token=None if held is None else held.token,
+                store_holder=None if store is None else store.holder,
+                store_token=None if store is None else store.token,
+            )
         elif cmd == "write":
             held = elector.lease
             if held is None:

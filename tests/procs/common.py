@@ -89,8 +89,11 @@ def make_backend() -> Backend:
         backend: Backend = CacheBackend(alias)
         # Its history goes to the database whose test NAME this process was given.
         if backend.history_database != db_alias():
-            emit("fatal", error=f"history goes to {backend.history_database!r}, "
-                                f"not to DL_MP_DB_ALIAS {db_alias()!r}")
+            emit(
+                "fatal",
+                error=f"history goes to {backend.history_database!r}, "
+                f"not to DL_MP_DB_ALIAS {db_alias()!r}",
+            )
             os._exit(3)
         return backend
     from django_leader.backends.db import DatabaseBackend

@@ -29,13 +29,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="lease name to campaign for")
-        parser.add_argument("--identity", default=None,
-                            help='holder identity (default "<hostname>:<pid>:<random>")')
+        parser.add_argument(
+            "--identity", default=None, help='holder identity (default "<hostname>:<pid>:<random>")'
+        )
         parser.add_argument("--ttl", type=float, default=3.0)
         parser.add_argument("--renew-interval", type=float, default=1.0)
         parser.add_argument("--retry-interval", type=float, default=0.5)
-        parser.add_argument("--write-interval", type=float, default=0.5,
-                            help="seconds between two fenced writes while leading")
+        parser.add_argument(
+            "--write-interval",
+            type=float,
+            default=0.5,
+            help="seconds between two fenced writes while leading",
+        )
 
     def say(self, message: str) -> None:
         logger.info(message)
@@ -96,9 +101,11 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-        self.say(f"{elector.identity} (pid {os.getpid()}) campaigning for {elector.name!r} "
-                 f"(ttl {elector.timing.ttl:g}s, renew every {elector.timing.renew_interval:g}s, "
-                 f"retry every {elector.timing.retry_interval:g}s)")
+        self.say(
+            f"{elector.identity} (pid {os.getpid()}) campaigning for {elector.name!r} "
+            f"(ttl {elector.timing.ttl:g}s, renew every {elector.timing.renew_interval:g}s, "
+            f"retry every {elector.timing.retry_interval:g}s)"
+        )
         thread = elector.start(work)
         while thread.is_alive() and not received:
             thread.join(0.2)
