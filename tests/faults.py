@@ -22,11 +22,7 @@ class FaultyBackend(Backend):
         self.renew_calls = 0
 
     def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
-        acquired, current = self.real.acquire(name, holder, ttl)
-        for lease in (acquired, current):
-            if lease is not None:
-                lease.backend = self
-        return acquired, current
+        return self.real.acquire(name, holder, ttl)
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
         self.renew_calls += 1

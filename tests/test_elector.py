@@ -18,7 +18,7 @@ from tests.faults import FaultyBackend
 
 pytestmark = stores_db
 
-FAST = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
+FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
 WAIT = 10.0  # generous bound for anything that should happen "soon"
 
 

@@ -15,7 +15,7 @@ from django_leader.backends.base import Backend
 from django_leader.testing import MemoryBackend, leader_backend, override_leader
 from tests.conftest import stores_db
 
-FAST = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
+FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
 WAIT = 10.0
 
 __all__ = ["leader_backend"]  # the fixture, imported for use below

@@ -23,7 +23,7 @@ pytestmark = stores_db
 
 # SQLite has no server and no connections to drop: the fault does not exist there.
 SERVER_STORES = ["postgresql", "mysql", "redis", "django-redis"]
-TIMING = {"ttl": 3.0, "renew_interval": 0.5, "retry_interval": 0.2}
+TIMING: dict[str, Any] = {"ttl": 3.0, "renew_interval": 0.5, "retry_interval": 0.2}
 WAIT = 15.0
 
 
