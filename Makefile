@@ -2,7 +2,7 @@
 #
 #   make venv    .venv with the package (editable) and the dev tools
 #   make test    the test suite against SQLite, and PostgreSQL / MariaDB when reachable
-#   make lint    ruff and mypy
+#   make lint    ruff (rules and format), mypy (package and tests), makemigrations --check
 #   make docs    the Sphinx documentation in docs/_build/html (warnings are errors)
 #   make demo    election, crash, takeover and shutdown of three processes (SQLite only)
 #   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
@@ -10,7 +10,8 @@
 #                each in a venv of its own, where those interpreters exist
 #
 # Variables: PYTHON (the interpreter that creates .venv, default python3),
-# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"),
+# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"), COVERAGE=1 (make test
+# with a branch-coverage report of django_leader/),
 # STORES, DURATION and SEED (make chaos: which stores, seconds of faults each, the seed).
 
 PYTHON ?= python3
@@ -31,7 +32,7 @@ MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
 	@echo "make test       run the test suite (PYTEST_ARGS=... passes options to pytest)"
-	@echo "make lint       ruff check and mypy"
+	@echo "make lint       ruff check and format, mypy, makemigrations --check"
 	@echo "make docs       build the documentation into docs/_build/html (warnings are errors)"
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
@@ -58,14 +59,25 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	fi
 	@touch $@
 
-test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# COVERAGE=1 (set by CI) adds a branch-coverage report of django_leader/ to the run; code
+# that runs only in child processes (runleader's guard, Celery workers) is not counted.
+COVERAGE ?=
+COVERAGE_ARGS := $(if $(COVERAGE),--cov=django_leader --cov-branch --cov-report=term-missing:skip-covered)
 
-# Both tools run even if the first one fails, so one pass shows every problem.
+test: venv
+	$(BIN)/python -m pytest $(COVERAGE_ARGS) $(PYTEST_ARGS)
+
+# Every check runs even if an earlier one fails, so one pass shows every problem: ruff's
+# lint rules and format, mypy over django_leader/ and tests/, and no model change without
+# its migration. The same checks run as pre-commit hooks (.pre-commit-config.yaml).
 lint: venv
 	@status=0; \
 	echo "$(BIN)/ruff check ."; $(BIN)/ruff check . || status=1; \
+	echo "$(BIN)/ruff format --check ."; $(BIN)/ruff format --check . || status=1; \
 	echo "$(BIN)/mypy"; $(BIN)/mypy || status=1; \
+	echo "makemigrations --check"; \
+	$(BIN)/python -m django makemigrations --check --dry-run --skip-checks --settings=testproject.settings \
+		django_leader || status=1; \
 	exit $$status
 
 # -E: read every page again, so that a page's warnings are reported on every build, not

@@ -137,7 +137,7 @@ def test_steps_down_at_deadline_while_renew_hangs(
         lease_name,
         identity="hangs",
         backend=faulty,
-        on_lost=lambda lease: (lost_at.append(clock()), lost.set()),
+        on_lost=lambda lease: (lost_at.append(clock()), lost.set()),  # type: ignore[func-returns-value]
         **FAST,
     )
     start(electors, elector)
@@ -278,7 +278,11 @@ def test_followers_are_listed_as_candidates_until_they_stop(
 ) -> None:
     leader = start(electors, Elector(lease_name, identity="c-leader", backend=backend, **FAST))
     assert leader.wait_for_leadership(WAIT)
-    slow = {"ttl": 6.0, "renew_interval": 1.0, "retry_interval": 0.1}  # candidacy: 6 s
+    slow: dict[str, Any] = {
+        "ttl": 6.0,
+        "renew_interval": 1.0,
+        "retry_interval": 0.1,
+    }  # candidacy: 6 s
     followers = [
         start(electors, Elector(lease_name, identity=f"c-follower-{i}", backend=backend, **slow))
         for i in range(2)
@@ -464,11 +468,14 @@ def test_short_ttl_gets_store_calls_bounded_by_its_own_deadline(db_alias: str) -
         short = Elector("short-ttl", ttl=1.0)
         # Rounded down to a few steps (a bounded number of backends): never longer.
         wanted = resolve_timing(1.0).call_timeout
-        assert wanted / 2 < short.backend.timeout <= wanted
-        assert short.backend.timeout < 1.0 - short.timing.safety_margin
+        store: Any = short.backend  # a DatabaseBackend: it has its own call timeout
+        timeout = store.timeout
+        assert wanted / 2 < timeout <= wanted
+        assert timeout < 1.0 - short.timing.safety_margin
         assert lock("short-ttl", ttl=1.0).backend is short.backend
         default = Elector("default-ttl")
-        assert default.backend.timeout == pytest.approx(resolve_timing().call_timeout)
+        store = default.backend
+        assert store.timeout == pytest.approx(resolve_timing().call_timeout)
 
 
 def test_loss_seen_first_by_a_reader_is_still_reported(

@@ -26,7 +26,7 @@ def deadline_in(seconds: float) -> str:
 def wait_for(condition: object, what: str, timeout: float = 15.0) -> object:
     give_up = time.monotonic() + timeout
     while time.monotonic() < give_up:
-        value = condition()  # type: ignore[operator]
+        value = condition()
         if value:
             return value
         time.sleep(0.02)

@@ -79,7 +79,7 @@ def test_renewer_reports_a_loss_a_reader_saw_first() -> None:
         def acquire(self, *args: Any) -> Any:
             raise AssertionError
 
-        renew = release = read = names = force_release = acquire
+        renew = release = read = names = force_release = acquire  # type: ignore[assignment]
 
         def record(self, kind: str, lease: Lease, detail: str = "") -> None:
             self.events.append(kind)

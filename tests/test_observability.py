@@ -156,6 +156,7 @@ def test_override_leader_false_keeps_this_process_a_follower() -> None:
 
 def test_memory_backend_keeps_the_lease_contract(leader_backend: MemoryBackend) -> None:
     first, _ = leader_backend.acquire("n", "a", 30)
+    assert first is not None
     assert leader_backend.acquire("n", "b", 30)[0] is None
     assert leader_backend.renew(first, 30) is not None
     assert leader_backend.force_release("n") is not None

@@ -152,7 +152,7 @@ def test_elector_steps_down_and_a_new_term_has_a_greater_token(
     restartable: tuple[RedisServer, Any], lease_name: str
 ) -> None:
     server, backend = restartable
-    timing = {"ttl": 2.0, "renew_interval": 0.5, "retry_interval": 0.2}
+    timing: dict[str, Any] = {"ttl": 2.0, "renew_interval": 0.5, "retry_interval": 0.2}
     leader = Elector(lease_name, identity="before", backend=backend, **timing)
     leader.start()
     try:
@@ -245,7 +245,7 @@ def test_no_two_electors_lead_when_redis_forgets(
 
     server, backend = restartable
     acquire_when_allowed(backend, f"{lease_name}-warm-up", "warm-up")  # past a new store's delay
-    timing = {"ttl": TTL, "renew_interval": 0.5, "retry_interval": 0.1}
+    timing: dict[str, Any] = {"ttl": TTL, "renew_interval": 0.5, "retry_interval": 0.1}
     elections: list[tuple[float, str, int]] = []
     elected = threading.Event()
 
