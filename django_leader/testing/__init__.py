@@ -29,9 +29,9 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any, TypeVar
 
-from . import backends
-from .backends.base import Backend
-from .lease import Lease, clock
+from .. import backends
+from ..backends.base import Backend
+from ..lease import Lease, clock
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,17 +52,30 @@ class _Record:
 class MemoryBackend(Backend):
     """An in-process lease store for tests: the lease contract, with this process's clock.
 
+    Its clock (:meth:`now`, every time it reports) is the wall clock when the store was
+    made, advanced by the monotonic clock: like a real store's, it never goes back, and a
+    test that moves the wall clock (time-machine, freezegun) does not move it.
+
     Not for production: other processes cannot see it.
     """
 
     history_database = None
 
     def __init__(self) -> None:
+        self._started = (datetime.now(dt_timezone.utc), clock())
         self._lock = threading.Lock()
         self._leases: dict[str, _Record] = {}
         self._tokens: dict[str, int] = {}
         self._candidates: dict[str, dict[str, float]] = {}  # name -> identity -> expiry
         self.events: list[tuple[str, str, str, int]] = []  # (kind, name, holder, token)
+
+    def now(self) -> datetime:
+        return self._at(clock())
+
+    def _at(self, moment: float) -> datetime:
+        """The store's time at ``moment`` on ``lease.clock()``."""
+        wall, mono = self._started
+        return wall + timedelta(seconds=moment - mono)
 
     def pin(self, name: str, holder: str = OTHER_HOLDER) -> None:
         """Make ``holder`` hold ``name`` for ever (until :meth:`unpin` or a force release)."""
@@ -74,8 +87,9 @@ class MemoryBackend(Backend):
         with self._lock:
             self._leases.pop(name, None)
 
-    def _grant(self, name: str, holder: str, expires: float) -> Lease:
-        now = datetime.now(dt_timezone.utc)
+    def _grant(self, name: str, holder: str, ttl: float) -> Lease:
+        moment = clock()
+        now, expires = self._at(moment), moment + ttl
         token = self._tokens.get(name, 0) + 1
         self._tokens[name] = token
         previous = self._leases.get(name)
@@ -87,12 +101,7 @@ class MemoryBackend(Backend):
         return self._lease(name, record)
 
     def _lease(self, name: str, record: _Record) -> Lease:
-        left = record.expires - clock()
-        expires_at = (
-            None
-            if left == float("inf")
-            else (datetime.now(dt_timezone.utc) + timedelta(seconds=left))
-        )
+        expires_at = None if record.expires == float("inf") else self._at(record.expires)
         return Lease(
             name=name,
             holder=record.holder,
@@ -101,7 +110,7 @@ class MemoryBackend(Backend):
             renewed_at=record.renewed_at,
             expires_at=expires_at,
             transitions=record.transitions,
-            read_at=datetime.now(dt_timezone.utc),
+            read_at=self.now(),
         )
 
     def _current(self, name: str) -> _Record | None:
@@ -117,7 +126,7 @@ class MemoryBackend(Backend):
                 # Held, or force-released with its term still running.
                 current = self._current(name)
                 return None, None if current is None else self._lease(name, current)
-            lease = self._grant(name, holder, clock() + ttl)
+            lease = self._grant(name, holder, ttl)
             return lease, lease
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
@@ -125,8 +134,9 @@ class MemoryBackend(Backend):
             current = self._current(lease.name)
             if current is None or (current.holder, current.token) != (lease.holder, lease.token):
                 return None
-            current.expires = clock() + ttl
-            current.renewed_at = datetime.now(dt_timezone.utc)
+            moment = clock()
+            current.expires = moment + ttl
+            current.renewed_at = self._at(moment)
             return self._lease(lease.name, current)
 
     def release(self, lease: Lease) -> bool:
@@ -180,7 +190,7 @@ class MemoryBackend(Backend):
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[None]:
         """Checks the lease like the database backend does; writes are not transactional."""
-        from .exceptions import LeadershipLost
+        from ..exceptions import LeadershipLost
 
         lease.check()
         with self._lock:
