@@ -95,8 +95,8 @@ chaos: venv
 
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health
 # and metrics), on the interpreters pyenv or the system provides; a missing one is skipped.
-COMPAT_TESTS := tests/test_conformance.py tests/test_lease.py tests/test_conf.py \
-	tests/test_lock.py tests/test_observability.py
+COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py tests/unit/test_conf.py \
+	tests/components/test_lock.py tests/components/test_observability.py
 COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
 	prometheus-client
 # pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.

@@ -1,48 +1,22 @@
-"""Shared fixtures: one ``store`` fixture parametrized over every lease store.
-
-A store whose server is unreachable is skipped with the reason, unless
-``DJANGO_LEADER_REQUIRE_SERVICES=1`` (set by ``.ci/run``), which turns the skip into a failure.
-"""
+"""Shared fixtures: one ``backend`` fixture parametrized over every lease store (the
+stores and the helpers are in ``tests/support/stores.py``)."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 
 from testproject.services import UNAVAILABLE
-
-REQUIRE_SERVICES = os.environ.get("DJANGO_LEADER_REQUIRE_SERVICES") == "1"
-
-#: The mark for tests that use the stores: every database set up, committed for real (the
-#: backend's private connections commit), and only this project's tables flushed afterwards.
-stores_db = pytest.mark.django_db(
-    transaction=True,
-    databases="__all__",
-    available_apps=["django_leader", "testproject.demoapp"],
+from tests.support.stores import (
+    CACHE_STORES,
+    DATABASE_STORES,
+    open_store,
+    require,
 )
-
-#: pytest id -> database alias of every database backend under test
-DATABASE_STORES = {"sqlite": "default", "postgresql": "postgresql", "mysql": "mysql"}
-
-
-#: pytest id -> cache alias of every Redis cache backend under test
-CACHE_STORES = {"redis": "redis", "django-redis": "django_redis"}
-
-
-def require(alias: str, kind: str = "database") -> None:
-    """Skip (or, in CI, fail) unless database (or cache) ``alias`` is configured."""
-    if alias in (settings.DATABASES if kind == "database" else settings.CACHES):
-        return
-    reason = UNAVAILABLE.get(alias, f"{alias}: not configured")
-    if REQUIRE_SERVICES:
-        pytest.fail(f"required service missing: {reason}")
-    pytest.skip(f"service unavailable: {reason}")
 
 
 def pytest_report_header(config: Any) -> list[str]:
@@ -66,27 +40,6 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Any]:
     yield from open_store(request.param)
 
 
-def open_store(store_id: str) -> Iterator[Any]:
-    """A backend of the store ``store_id`` (a key of DATABASE_STORES or CACHE_STORES),
-    skipped (or failed, in CI) when unavailable; its history flushed and closed after."""
-    from django_leader.backends.base import Backend
-
-    store: Backend
-    if store_id in DATABASE_STORES:
-        from django_leader.backends.db import DatabaseBackend
-
-        require(DATABASE_STORES[store_id])
-        store = DatabaseBackend(DATABASE_STORES[store_id])
-    else:
-        from django_leader.backends.cache import CacheBackend
-
-        require(CACHE_STORES[store_id], kind="cache")
-        store = CacheBackend(CACHE_STORES[store_id])
-    yield store
-    store.flush_history(10)
-    store.close()
-
-
 @pytest.fixture
 def db_backend(db_alias: str) -> Iterator[Any]:
     """A database backend of each database (for what only a database can do: fenced())."""
@@ -97,82 +50,6 @@ def db_backend(db_alias: str) -> Iterator[Any]:
     store.close()
 
 
-def history(backend: Any, name: str) -> list[tuple[str, str, str, int, str]]:
-    """``(kind, holder, previous_holder, token, actor)`` of each event of ``name``, oldest first."""
-    from django_leader.models import LeaseEvent
-
-    assert backend.flush_history(10), "history not written in time"
-    return list(
-        LeaseEvent.objects.using(backend.history_database)
-        .filter(name=name)
-        .order_by("at", "id")
-        .values_list("kind", "holder", "previous_holder", "token", "actor")
-    )
-
-
-def answered(call: Any, *args: Any, timeout: float) -> Any:
-    """``call(*args)``, tried again for up to ``timeout`` seconds while the store is
-    unavailable (the first calls after a restart or a dropped connection meet a dead
-    socket, then the backend reconnects); the last error if it never answers."""
-    import time
-
-    from django_leader import BackendUnavailable
-
-    give_up = time.monotonic() + timeout
-    while True:
-        try:
-            return call(*args)
-        except BackendUnavailable:
-            if time.monotonic() >= give_up:
-                raise
-            time.sleep(0.05)
-
-
-def wipe(backend: Any, name: str) -> None:
-    """Make the store forget everything about ``name``, as a store restart without
-    persistence (Redis) or a hand-deleted row (database) would."""
-    from django.db import connections
-
-    from django_leader.backends.cache import CacheBackend
-
-    if isinstance(backend, CacheBackend):
-        # This lease's keys only (what a restart without persistence loses for it): a
-        # FLUSHDB would also pull the leases of any other run sharing this Redis.
-        backend.client.delete(*backend.keys(name, ("lease", "meta", "candidates")))
-    else:
-        with connections[backend.alias].cursor() as cursor:
-            cursor.execute("DELETE FROM django_leader_lease WHERE name = %s", [name])
-
-
 @pytest.fixture
 def lease_name() -> str:
     return f"test-{uuid.uuid4().hex[:12]}"
-
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def child_env(backend: Any, **extra: str) -> dict[str, str]:
-    """The environment for a process (``manage.py ...``) that must use this test run's
-    databases and the given backend (a DatabaseBackend or CacheBackend instance)."""
-    import json
-
-    from django.db import connections
-
-    from django_leader.backends.cache import CacheBackend
-
-    names = {alias: connections[alias].settings_dict["NAME"] for alias in settings.DATABASES}
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_LEADER_TEST_DB_NAMES": json.dumps(names),
-        **extra,
-    }
-    if isinstance(backend, CacheBackend):
-        env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.cache.CacheBackend"
-        env["DJANGO_LEADER_CACHE"] = backend.alias
-    else:
-        env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.db.DatabaseBackend"
-        env["DJANGO_LEADER_DATABASE"] = backend.alias
-    return env

@@ -26,7 +26,7 @@ from django.contrib.auth.models import Permission
 
 from django_leader.backends import get_backend
 from django_leader.models import LeaseEvent
-from tests.conftest import REQUIRE_SERVICES, history
+from tests.support.stores import REQUIRE_SERVICES, history
 
 CHROMIUM = os.environ.get("DJANGO_LEADER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

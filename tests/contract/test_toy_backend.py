@@ -11,9 +11,9 @@ import pytest
 
 from django_leader.backends.base import Backend
 from django_leader.testing.contract import BackendContract
-from tests.toy_backend import FileBackend
+from tests.support.toy_backend import FileBackend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class TestFileBackend(BackendContract):
@@ -28,7 +28,7 @@ class TestFileBackend(BackendContract):
 def test_the_toy_is_the_code_of_the_page() -> None:
     page = (ROOT / "docs" / "howto" / "write-a-backend.md").read_text()
     steps = re.findall(r"```python\n(.*?)```", page, re.S)[:4]  # steps 1 to 4
-    assert (ROOT / "tests" / "toy_backend.py").read_text() == "\n".join(steps)
+    assert (ROOT / "tests" / "support" / "toy_backend.py").read_text() == "\n".join(steps)
 
 
 def test_two_processes_share_the_file(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from django_leader.backends.cache import CacheBackend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.models import LeaseEvent
 from testproject.demoapp.models import FencedWrite
-from tests.conftest import CACHE_STORES, DATABASE_STORES, require
+from tests.support.stores import CACHE_STORES, DATABASE_STORES, require
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -50,7 +50,7 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs POSIX signals, /proc"),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 TTL = 2.0
 RENEW = 0.5

@@ -36,7 +36,7 @@ from django_leader.celery.tasks import release_abandoned, singleton_spec, task_i
 from django_leader.lease import LossReason, clock
 from django_leader.term import resolve_backend
 from testproject.celery import app as project_app  # noqa: F401
-from tests.conftest import stores_db
+from tests.support.stores import stores_db
 
 pytestmark = [stores_db]
 
@@ -403,7 +403,7 @@ def test_slot_records_are_fenced_by_the_lease(store: Any) -> None:
 def server_db_store(request: pytest.FixtureRequest, settings: Any) -> Iterator[Any]:
     """A database backend on a server (SQLite and Redis have no connection to drop), made
     the settings' backend as ``store`` does."""
-    from tests.conftest import open_store
+    from tests.support.stores import open_store
 
     for backend in open_store(request.param):
         conf = dict(settings.DJANGO_LEADER)

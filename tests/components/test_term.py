@@ -28,8 +28,8 @@ from django_leader.caller import StoreCaller
 from django_leader.conf import Timing
 from django_leader.lease import LossReason
 from django_leader.term import Term, attempt, call_bound
-from tests.conftest import history, stores_db
-from tests.faults import FaultyBackend
+from tests.support.faults import FaultyBackend
+from tests.support.stores import history, stores_db
 
 pytestmark = stores_db
 

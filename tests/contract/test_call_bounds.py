@@ -27,7 +27,7 @@ from django.db.backends.signals import connection_created
 from django_leader import BackendUnavailable, Elector, LeaseHeld, lock
 from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
-from tests.conftest import history, require, stores_db
+from tests.support.stores import history, require, stores_db
 
 pytestmark = stores_db
 

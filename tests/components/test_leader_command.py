@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_leader.backends import get_backend
 from django_leader.models import LeaseEvent
-from tests.conftest import ROOT, child_env, history, stores_db
+from tests.support.stores import ROOT, child_env, history, stores_db
 
 pytestmark = stores_db
 

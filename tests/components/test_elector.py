@@ -13,8 +13,8 @@ from django_leader import Elector, Lease, current_lease, signals
 from django_leader.lease import clock
 from django_leader.models import Lease as LeaseRow
 from django_leader.models import LeaseEvent
-from tests.conftest import history, stores_db
-from tests.faults import FaultyBackend
+from tests.support.faults import FaultyBackend
+from tests.support.stores import history, stores_db
 
 pytestmark = stores_db
 

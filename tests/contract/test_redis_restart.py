@@ -22,7 +22,7 @@ import pytest
 from django.test import override_settings
 
 from django_leader import BackendUnavailable, Elector
-from tests.conftest import REQUIRE_SERVICES, answered, history, stores_db
+from tests.support.stores import REQUIRE_SERVICES, answered, history, stores_db
 
 pytestmark = stores_db
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from django_leader import LeadershipLost, LeaseHeld, lock
-from tests.conftest import history, stores_db
-from tests.faults import FaultyBackend
+from tests.support.faults import FaultyBackend
+from tests.support.stores import history, stores_db
 
 pytestmark = stores_db
 WAIT = 10.0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
+from tests.support.stores import (
     ROOT,
     child_env,
     history,

@@ -13,7 +13,7 @@ from django.test import Client, RequestFactory
 from django_leader import Elector, LeaseHeld, lock
 from django_leader.backends.base import Backend
 from django_leader.testing import MemoryBackend, leader_backend, override_leader
-from tests.conftest import stores_db
+from tests.support.stores import stores_db
 
 FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
 WAIT = 10.0

@@ -30,11 +30,11 @@ from django_leader import BackendUnavailable, LeadershipLost
 from django_leader.backends.db import FENCE_FLOOR, DatabaseBackend
 from django_leader.lease import Lease, clock
 from django_leader.models import LeaseEvent
-from tests.conftest import DATABASE_STORES, require, stores_db
+from tests.support.stores import DATABASE_STORES, require, stores_db
 
 pytestmark = stores_db
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVER_DATABASES = ["postgresql", "mysql"]
 TTL = 3.0
 RETRY = 0.2

@@ -17,7 +17,7 @@ import pytest
 from django.db import connections
 
 from django_leader import Elector
-from tests.conftest import answered, open_store, stores_db
+from tests.support.stores import answered, open_store, stores_db
 
 pytestmark = stores_db
 

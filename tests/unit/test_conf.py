@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_leader.conf import get_settings, resolve_timing
-from tests.conftest import ROOT
+from tests.support.stores import ROOT
 
 
 def test_defaults() -> None:
@@ -201,7 +201,7 @@ def test_cache_backend_needs_a_redis_cache(cache: str) -> None:
 
 
 def test_cache_backend_on_redis_passes_checks() -> None:
-    from tests.conftest import require
+    from tests.support.stores import require
 
     require("redis", kind="cache")
     conf = {"BACKEND": "django_leader.backends.cache.CacheBackend", "CACHE": "redis"}

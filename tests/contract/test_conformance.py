@@ -15,7 +15,7 @@ from django_leader.backends.base import Backend
 from django_leader.lease import clock
 from django_leader.testing import MemoryBackend
 from django_leader.testing.contract import BackendContract, wait_until_expired
-from tests.conftest import stores_db, wipe
+from tests.support.stores import stores_db, wipe
 
 pytestmark = stores_db
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 #: Module-level public names of SPEC.md, with the module that documents them.
 PUBLIC_NAMES = {

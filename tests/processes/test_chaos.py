@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos import harness, report
 from tests.chaos.stores import STORES
-from tests.conftest import REQUIRE_SERVICES
+from tests.support.stores import REQUIRE_SERVICES
 
 pytestmark = pytest.mark.multiprocess
 

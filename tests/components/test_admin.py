@@ -31,7 +31,7 @@ from django_leader import admin as leader_admin
 from django_leader.admin import drawing, periods
 from django_leader.backends import get_backend
 from django_leader.models import Lease, LeaseEvent
-from tests.conftest import history, require
+from tests.support.stores import history, require
 
 pytestmark = pytest.mark.django_db(transaction=True)
 #: For tests that use a database other than the default one.

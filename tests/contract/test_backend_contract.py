@@ -24,7 +24,7 @@ from django_leader.backends.slots import LocalSlots, Slot, SlotStore
 from django_leader.conf import get_settings
 from django_leader.exceptions import NotSupportedError
 from django_leader.lease import Lease, clock
-from tests.conftest import require, stores_db
+from tests.support.stores import require, stores_db
 
 pytestmark = stores_db
 

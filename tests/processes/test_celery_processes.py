@@ -34,7 +34,7 @@ from django.db import connections
 
 from testproject.celery import app as project_app  # noqa: F401  (the current app)
 from tests.celeryprocs import STARTUP, CeleryProcess, Processes
-from tests.conftest import REQUIRE_SERVICES, require, stores_db
+from tests.support.stores import REQUIRE_SERVICES, require, stores_db
 
 pytestmark = [pytest.mark.multiprocess, stores_db]
 
