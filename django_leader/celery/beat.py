@@ -47,9 +47,10 @@ from django.core.exceptions import ImproperlyConfigured
 from ..backends import close_unusable_connections
 from ..backends.slots import Slot, SlotStore, entry_key
 from ..conf import get_settings, validate_name
-from ..elector import Elector
 from ..exceptions import LeadershipLost
-from ..lease import Lease, LossReason, clock
+from ..lease import Lease, clock
+from .beat_elector import BeatElector
+from .wrapped import _leader_class, _LeaderMixin
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -69,48 +70,6 @@ RESIGN_AFTER = 3
 #: A leader whose tick (or sync) has not returned after this many ``LEASE_TTL`` — stuck in
 #: a call that neither answers nor fails — resigns (its elector still renews the lease).
 STUCK_TTLS = 3.0
-
-
-class BeatElector(Elector):
-    """The elector of one :class:`LeaderScheduler`.
-
-    It is the ``sender`` of the ``leader_elected``, ``leader_lost`` and ``lease_released``
-    signals for the beat's leadership changes (``sender.scheduler`` is the scheduler).
-    """
-
-    def __init__(self, scheduler: LeaderScheduler, name: str, **kwargs: Any) -> None:
-        self.scheduler = scheduler
-        super().__init__(name, **kwargs)
-
-    def on_elected(self, lease: Lease) -> None:
-        logger.info(
-            "celery beat %s elected for %r (token %s): this beat sends the schedule",
-            self.identity,
-            self.name,
-            lease.token,
-        )
-
-    def on_lost(self, lease: Lease) -> None:
-        stopped = lease.lost_cause is LossReason.STOPPED
-        logger.log(
-            logging.INFO if stopped else logging.WARNING,
-            "celery beat %s no longer leads %r (token %s, %s): it sends nothing%s",
-            self.identity,
-            self.name,
-            lease.token,
-            lease.lost_reason or "lost",
-            "" if stopped else " and campaigns again",
-        )
-
-    def on_new_leader(self, lease: Lease) -> None:
-        if lease.holder != self.identity:
-            logger.info(
-                "celery beat %s stands by: %r is led by %s (token %s)",
-                self.identity,
-                self.name,
-                lease.holder,
-                lease.token,
-            )
 
 
 def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
@@ -134,76 +93,6 @@ def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
             "the scheduler LeaderScheduler wraps (e.g. 'celery.beat:PersistentScheduler')"
         )
     return cls
-
-
-class _LeaderMixin:
-    """Mixed into the wrapped scheduler's class: every send goes through its LeaderScheduler,
-    and schedule state is written back only while the lease it was built under is held."""
-
-    _dl_owner: LeaderScheduler | None
-    _dl_lease: Lease | None
-
-    def __init__(
-        self,
-        *args: Any,
-        _dl_owner: LeaderScheduler | None = None,
-        _dl_lease: Lease | None = None,
-        **kwargs: Any,
-    ) -> None:
-        # Set before the wrapped __init__, which may already sync (PersistentScheduler).
-        self._dl_owner = _dl_owner
-        self._dl_lease = _dl_lease
-        self._dl_reserved: dict[str, Any] = {}
-        super().__init__(*args, **kwargs)
-
-    def is_due(self, entry: Any) -> Any:
-        if self._dl_owner is not None:
-            self._dl_owner._adopt(entry)
-        return super().is_due(entry)  # type: ignore[misc]
-
-    def reserve(self, entry: Any) -> Any:
-        new_entry = super().reserve(entry)  # type: ignore[misc]
-        self._dl_reserved[entry.name] = new_entry.last_run_at
-        return new_entry
-
-    def apply_async(
-        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
-    ) -> Any:
-        owner = self._dl_owner
-        if owner is None:  # the banner's instance: it never sends
-            return None
-        prepared = owner._take_slot(self, entry, advance)
-        if prepared is None:
-            return None
-        message_entry, lease, slot = prepared
-        result = super().apply_async(  # type: ignore[misc]
-            message_entry, producer=producer, advance=False, **kwargs
-        )
-        owner._sent(lease, slot)
-        return result
-
-    def sync(self) -> None:
-        lease = self._dl_lease
-        if lease is None or not lease.held:
-            # A follower, or a deposed leader: its view of the schedule is not the truth.
-            logger.debug("not syncing the schedule: this beat does not lead")
-            return
-        super().sync()  # type: ignore[misc]
-
-
-_classes: dict[type[Scheduler], type[Scheduler]] = {}
-_classes_lock = threading.Lock()
-
-
-def _leader_class(cls: type[Scheduler]) -> type[Scheduler]:
-    with _classes_lock:
-        if cls not in _classes:
-            _classes[cls] = type(
-                f"Leader{cls.__name__}",
-                (_LeaderMixin, cls),
-                {"__module__": __name__, "__qualname__": f"Leader{cls.__name__}"},
-            )
-        return _classes[cls]
 
 
 def _aware(value: datetime, tz: Any) -> datetime:

@@ -1,6 +1,6 @@
 """The lease contract as a test suite a backend runs: ``django_leader.testing.contract``.
 
-Every store django-leader ships runs it (``tests/test_conformance.py``), and so can a
+Every store django-leader ships runs it (``tests/contract/test_conformance.py``), and so can a
 backend of your own::
 
     # test_my_backend.py

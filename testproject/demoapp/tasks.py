@@ -1,4 +1,4 @@
-"""Celery tasks of the test project, used by ``tests/test_celery*.py`` and ``bench/celery_*.py``.
+"""Celery tasks of the test project, used by the Celery tests and ``bench/celery_*.py``.
 
 Each task appends what it did as one JSON line to the file named by
 ``DJANGO_LEADER_CELERY_RECORD`` (one ``write()`` of a short line to a file opened with

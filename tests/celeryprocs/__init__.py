@@ -1,4 +1,4 @@
-"""Real ``celery worker`` and ``celery beat`` processes for ``tests/test_celery_processes.py``
+"""Real ``celery worker`` and ``celery beat`` processes for the process tests
 (and ``bench/celery_*.py``).
 
 Each process is ``celery -A testproject …`` started in a session of its own (so that a

@@ -2,7 +2,7 @@
 the beat's fenced slot records, and ``LeaderScheduler`` driven tick by tick, on every store.
 
 The same behaviour with real ``celery worker`` and ``celery beat`` processes is in
-``tests/test_celery_processes.py``.
+``tests/processes/test_celery_processes.py``.
 """
 
 from __future__ import annotations
@@ -694,7 +694,7 @@ def test_checks_of_the_beat_configuration(settings: Any, monkeypatch: pytest.Mon
 
     settings.DJANGO_LEADER = {
         **settings.DJANGO_LEADER,
-        "BACKEND": "tests.test_celery.UnfencedBackend",
+        "BACKEND": "tests.components.test_celery.UnfencedBackend",
     }
     assert beat_checks() == ["django_leader.W012"]
     settings.CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"

@@ -1,4 +1,4 @@
-"""Programs that ``tests/test_multiprocess.py`` runs as child processes.
+"""Programs that ``tests/processes/test_multiprocess.py`` runs as child processes.
 
 Each one is run as ``python -m tests.procs.<name>`` with the repository root on
 ``PYTHONPATH``, reads JSON commands from stdin and reports JSON events on stdout (one per

@@ -1,0 +1,89 @@
+"""What :class:`~django_leader.celery.LeaderScheduler` mixes into the scheduler it wraps:
+every send goes through the LeaderScheduler (which records the slot, fenced by its
+lease, first), and the wrapped scheduler's state is written back only while the lease
+it was built under is held."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from celery.beat import Scheduler
+
+from ..lease import Lease
+
+if TYPE_CHECKING:
+    from .beat import LeaderScheduler
+
+logger = logging.getLogger("django_leader.celery")
+
+
+class _LeaderMixin:
+    """Mixed into the wrapped scheduler's class: every send goes through its LeaderScheduler,
+    and schedule state is written back only while the lease it was built under is held."""
+
+    _dl_owner: LeaderScheduler | None
+    _dl_lease: Lease | None
+
+    def __init__(
+        self,
+        *args: Any,
+        _dl_owner: LeaderScheduler | None = None,
+        _dl_lease: Lease | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Set before the wrapped __init__, which may already sync (PersistentScheduler).
+        self._dl_owner = _dl_owner
+        self._dl_lease = _dl_lease
+        self._dl_reserved: dict[str, Any] = {}
+        super().__init__(*args, **kwargs)
+
+    def is_due(self, entry: Any) -> Any:
+        if self._dl_owner is not None:
+            self._dl_owner._adopt(entry)
+        return super().is_due(entry)  # type: ignore[misc]
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)  # type: ignore[misc]
+        self._dl_reserved[entry.name] = new_entry.last_run_at
+        return new_entry
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        owner = self._dl_owner
+        if owner is None:  # the banner's instance: it never sends
+            return None
+        prepared = owner._take_slot(self, entry, advance)
+        if prepared is None:
+            return None
+        message_entry, lease, slot = prepared
+        result = super().apply_async(  # type: ignore[misc]
+            message_entry, producer=producer, advance=False, **kwargs
+        )
+        owner._sent(lease, slot)
+        return result
+
+    def sync(self) -> None:
+        lease = self._dl_lease
+        if lease is None or not lease.held:
+            # A follower, or a deposed leader: its view of the schedule is not the truth.
+            logger.debug("not syncing the schedule: this beat does not lead")
+            return
+        super().sync()  # type: ignore[misc]
+
+
+_classes: dict[type[Scheduler], type[Scheduler]] = {}
+_classes_lock = threading.Lock()
+
+
+def _leader_class(cls: type[Scheduler]) -> type[Scheduler]:
+    with _classes_lock:
+        if cls not in _classes:
+            _classes[cls] = type(
+                f"Leader{cls.__name__}",
+                (_LeaderMixin, cls),
+                {"__module__": __name__, "__qualname__": f"Leader{cls.__name__}"},
+            )
+        return _classes[cls]
