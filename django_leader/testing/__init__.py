@@ -144,7 +144,9 @@ class MemoryBackend(Backend):
             current = self._current(lease.name)
             if current is None or (current.holder, current.token) != (lease.holder, lease.token):
                 return False
-            del self._leases[lease.name]
+            # Kept, held by nobody and free at once: its name and transitions stay known.
+            current.holder = ""
+            current.expires = clock()
             self.events.append(("released", lease.name, lease.holder, lease.token))
             return True
 

@@ -294,6 +294,18 @@ class BackendContract:
         assert len(winners) == 1, (winners, errors)
         assert backend.read(lease_name).holder == winners[0]
 
+    def test_names_lists_held_and_released_names_sorted(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        held, released = f"{lease_name}-b", f"{lease_name}-a"
+        assert backend.acquire(held, "alice", 30)[0] is not None
+        lease, _ = backend.acquire(released, "bob", 30)
+        assert lease is not None and backend.release(lease)
+        mine = [name for name in backend.names() if name.startswith(lease_name)]
+        assert mine == [released, held]
+        again, _ = backend.acquire(released, "carol", 30)
+        assert again is not None and again.transitions == lease.transitions + 1
+
     def test_names_are_exact(self, backend: Any, lease_name: str) -> None:
         """Case and accents make different leases on every store (MySQL included)."""
         names = [f"{lease_name}-Report", f"{lease_name}-report", f"{lease_name}-rèport"]

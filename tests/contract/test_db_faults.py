@@ -56,6 +56,7 @@ def held(backend: DatabaseBackend, name: str, holder: str, ttl: float = TTL) -> 
     lease, _ = backend.acquire(name, holder, ttl)
     assert lease is not None
     lease.deadline = sent + ttl * 0.8
+    lease._fence = backend.fenced  # held: what a term attaches (django_leader.term)
     return lease
 
 
@@ -73,6 +74,7 @@ sent = clock()
 lease, _ = backend.acquire(os.environ["DL_MP_LEASE"], "frozen", ttl)
 assert lease is not None
 lease.deadline = sent + ttl * 0.8
+lease._fence = backend.fenced
 try:
     with lease.fenced():
         FencedWrite.objects.using(db_alias()).create(writer="frozen", token=lease.token)
