@@ -294,6 +294,76 @@ class BackendContract:
         assert len(winners) == 1, (winners, errors)
         assert backend.read(lease_name).holder == winners[0]
 
+    def test_tokens_increase_by_one_whatever_ended_the_term(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """Each grant of a name has the token after the previous grant's, whatever ended
+        the previous term: a release, an expiry, a force release."""
+        tokens = []
+        lease, _ = backend.acquire(lease_name, "alice", 30)
+        assert lease is not None
+        tokens.append(lease.token)
+        assert backend.release(lease) is True
+        lease, _ = backend.acquire(lease_name, "bob", self.ttl)
+        assert lease is not None
+        tokens.append(lease.token)
+        wait_until_expired(backend, lease_name)
+        lease, _ = backend.acquire(lease_name, "carol", self.ttl)
+        assert lease is not None
+        tokens.append(lease.token)
+        assert backend.force_release(lease_name) is not None
+        assert backend.release(lease) is False
+        give_up = time.monotonic() + 10 * self.ttl + 5
+        while (taken := backend.acquire(lease_name, "dave", 30)[0]) is None:
+            assert time.monotonic() < give_up, "never acquirable after the term ended"
+            time.sleep(0.05)
+        tokens.append(taken.token)
+        assert tokens == list(range(tokens[0], tokens[0] + 4)), tokens
+
+    def test_read_is_a_snapshot_of_the_holder(self, backend: Any, lease_name: str) -> None:
+        assert backend.read(lease_name) is None
+        lease, _ = backend.acquire(lease_name, "alice", 30)
+        assert lease is not None
+        seen = backend.read(lease_name)
+        assert seen is not None
+        assert (seen.name, seen.holder, seen.token) == (lease_name, "alice", lease.token)
+        assert (seen.acquired_at, seen.expires_at, seen.transitions) == (
+            lease.acquired_at,
+            lease.expires_at,
+            lease.transitions,
+        )
+        assert seen.read_at is not None  # the store's clock when read
+        assert seen.deadline is None and not seen.lost.is_set()  # held by nobody here
+
+    def test_threads_racing_for_a_released_lease_one_wins(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """The race again, for a name the store already knows: released, so free at once."""
+        first, _ = backend.acquire(lease_name, "alice", 30)
+        assert first is not None and backend.release(first) is True
+        barrier = threading.Barrier(10)
+        won: list[Any] = []
+        errors: list[BaseException] = []
+
+        def contend(i: int) -> None:
+            try:
+                barrier.wait()
+                lease, _ = backend.acquire(lease_name, f"thread-{i}", 30)
+                if lease is not None:
+                    won.append(lease)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                backend.close()
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1, (won, errors)
+        assert won[0].token == first.token + 1
+
     def test_names_lists_held_and_released_names_sorted(
         self, backend: Any, lease_name: str
     ) -> None:
