@@ -14,10 +14,17 @@
   E004 is the Redis backend's).
 * W001 — the lease database is an in-memory SQLite database, which other connections
   (and so other processes) cannot see.
+* W010…W014 — Celery beat and broker (below).
+* W000 — one of these checks failed unexpectedly: no check raises (:func:`never_raises`).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -25,8 +32,34 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
+CheckFunction = Callable[..., list[CheckMessage]]
+
+
+def never_raises(check: CheckFunction) -> CheckFunction:
+    """A check that fails unexpectedly reports W000 instead of raising: Django runs the
+    checks before ``migrate``, ``runserver`` and every management command, and a check
+    that raises stops all of them with a traceback about the check, not the project."""
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> list[CheckMessage]:
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:
+            return [
+                Warning(
+                    f"django_leader's check {check.__name__}() could not run: "
+                    f"{type(exc).__name__}: {exc}",
+                    hint="The project's configuration made the check itself fail; please "
+                    "report it to django-leader with this message.",
+                    id="django_leader.W000",
+                )
+            ]
+
+    return wrapper
+
 
 @register("django_leader")
+@never_raises
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     from .backends.base import Backend
     from .conf import get_settings
@@ -85,6 +118,7 @@ def _in_memory(name: Any) -> bool:
 
 
 @register("django_leader")
+@never_raises
 def check_migrations(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
@@ -122,6 +156,7 @@ def check_migrations(
 
 
 @register(Tags.database)
+@never_raises
 def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
@@ -156,16 +191,16 @@ def _lease_database() -> str | None:
 # W012 — beats use LeaderScheduler but BACKEND cannot fence the beat's slot records (its
 #        ``shared_slots`` is False; the database and Redis backends can): a failover may
 #        send a slot again.
-# W013 — DJANGO_LEADER["BEAT_SCHEDULER"] is set but CELERY_BEAT_SCHEDULER names another
-#        scheduler: the beats do not elect a leader, every one of them sends.
+# W013 — DJANGO_LEADER["BEAT_SCHEDULER"] is set but CELERY_BEAT_SCHEDULER is not set or
+#        names another scheduler: the beats do not elect a leader, every one of them sends.
 # Warnings, not errors: they concern beat processes only, and must not stop a web deploy.
 @register("django_leader")
+@never_raises
 def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     try:
         import celery  # noqa: F401
     except ImportError:
         return []
-    from django.apps import apps
     from django.conf import settings
 
     from .conf import get_settings
@@ -174,11 +209,19 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         conf = get_settings()
     except ImproperlyConfigured:
         return []  # reported by check_settings
-    from .celery.beat import wrapped_scheduler_class
+    from .celery.beat import SchedulerAppNotInstalled, wrapped_scheduler_class
 
     messages: list[CheckMessage] = []
     try:
-        wrapped = wrapped_scheduler_class(conf.beat_scheduler)
+        wrapped_scheduler_class(conf.beat_scheduler)
+    except SchedulerAppNotInstalled as exc:
+        messages.append(
+            Warning(
+                str(exc),
+                hint="Add 'django_celery_beat' to INSTALLED_APPS and run migrate.",
+                id="django_leader.W011",
+            )
+        )
     except ImproperlyConfigured as exc:
         messages.append(
             Warning(
@@ -189,18 +232,6 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                 id="django_leader.W010",
             )
         )
-    else:
-        if wrapped.__module__.startswith("django_celery_beat") and not apps.is_installed(
-            "django_celery_beat"
-        ):
-            messages.append(
-                Warning(
-                    f"DJANGO_LEADER['BEAT_SCHEDULER'] is {conf.beat_scheduler!r} but "
-                    "'django_celery_beat' is not in INSTALLED_APPS: its tables are missing.",
-                    hint="Add 'django_celery_beat' to INSTALLED_APPS and run migrate.",
-                    id="django_leader.W011",
-                )
-            )
     beat_scheduler = str(getattr(settings, "CELERY_BEAT_SCHEDULER", "") or "")
     if "LeaderScheduler" in beat_scheduler:
         try:
@@ -217,15 +248,55 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                     id="django_leader.W012",
                 )
             )
-    elif beat_scheduler and "BEAT_SCHEDULER" in (getattr(settings, "DJANGO_LEADER", None) or {}):
+    elif "BEAT_SCHEDULER" in (getattr(settings, "DJANGO_LEADER", None) or {}):
+        # Set for LeaderScheduler, which beat does not use: the setting does nothing.
+        what = repr(beat_scheduler) if beat_scheduler else "not set (Celery's default)"
         messages.append(
             Warning(
-                f"DJANGO_LEADER['BEAT_SCHEDULER'] is set but CELERY_BEAT_SCHEDULER is "
-                f"{beat_scheduler!r}: beats started with it do not elect a leader, and every "
-                "one of them sends the schedule.",
-                hint="Set CELERY_BEAT_SCHEDULER = 'django_leader.celery:LeaderScheduler' (or "
-                "start beat with -S django_leader.celery:LeaderScheduler).",
+                f"DJANGO_LEADER['BEAT_SCHEDULER'] is set but CELERY_BEAT_SCHEDULER is {what}: "
+                "beats started with it do not elect a leader, and every one of them sends "
+                "the schedule.",
+                hint="Set CELERY_BEAT_SCHEDULER = 'django_leader.celery:LeaderScheduler' (if "
+                "every beat is started with -S django_leader.celery:LeaderScheduler instead, "
+                "add 'django_leader.W013' to SILENCED_SYSTEM_CHECKS).",
                 id="django_leader.W013",
             )
         )
     return messages
+
+
+# W014 — the Celery broker is Redis but kombu's Redis transport cannot load (redis-py or one
+#        of the transport's own imports missing): every worker and beat would die at start.
+REDIS_BROKER_SCHEMES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
+
+
+@register("django_leader")
+@never_raises
+def check_celery_broker(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        import celery  # noqa: F401
+    except ImportError:
+        return []
+    from django.conf import settings
+
+    url = str(
+        getattr(settings, "CELERY_BROKER_URL", None) or os.environ.get("CELERY_BROKER_URL") or ""
+    )
+    if not url.lower().startswith(REDIS_BROKER_SCHEMES):
+        return []
+    try:
+        importlib.import_module("kombu.transport.redis")
+        problem = None if importlib.util.find_spec("redis") else "redis-py is not installed"
+    except Exception as exc:  # an import of the transport's own that fails
+        problem = f"kombu's Redis transport cannot be imported: {type(exc).__name__}: {exc}"
+    if problem is None:
+        return []
+    return [
+        Warning(
+            f"CELERY_BROKER_URL is a Redis URL but {problem}: Celery workers and beats "
+            "will fail to start.",
+            hint='Install Celery with its Redis extra: pip install "celery[redis]" '
+            '(or "django-leader[celery,redis]").',
+            id="django_leader.W014",
+        )
+    ]

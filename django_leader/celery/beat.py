@@ -42,6 +42,7 @@ from typing import Any
 from celery import uuid
 from celery.beat import Scheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
+from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
 from ..backends import close_unusable_connections
@@ -72,14 +73,26 @@ RESIGN_AFTER = 3
 STUCK_TTLS = 3.0
 
 
+class SchedulerAppNotInstalled(ImproperlyConfigured):
+    """``BEAT_SCHEDULER`` names a scheduler of an app missing from ``INSTALLED_APPS``."""
+
+
 def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
     """The scheduler class named by ``DJANGO_LEADER["BEAT_SCHEDULER"]`` (or ``path``):
     ``"module:Class"``, a dotted path or a Celery alias."""
     path = path or get_settings().beat_scheduler
     aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+    module = str(aliases.get(path, path)).replace(":", ".").split(".")[0]
+    if module == "django_celery_beat" and not apps.is_installed("django_celery_beat"):
+        # Importing its scheduler would import its models, which Django refuses with a
+        # RuntimeError about app_label that says nothing of the setting at fault.
+        raise SchedulerAppNotInstalled(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] is {path!r} but 'django_celery_beat' is not "
+            "in INSTALLED_APPS: its models and tables are missing."
+        )
     try:
         cls = symbol_by_name(path, aliases=aliases)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except Exception as exc:  # ImportError, or whatever the module raises as it loads
         raise ImproperlyConfigured(
             f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} cannot be imported: {exc}"
         ) from exc

@@ -233,3 +233,18 @@ def test_plain_check_of_a_new_project_reports_w002_and_creates_no_database(
     assert "django_leader.W002" in result.stderr + result.stdout
     assert "django_leader_lease," in result.stderr + result.stdout
     assert not database.exists()
+
+
+def test_a_check_that_fails_reports_w000_instead_of_raising() -> None:
+    from django_leader.checks import never_raises
+
+    def check_something(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+        raise RuntimeError("Model class x doesn't declare an explicit app_label")
+
+    [message] = never_raises(check_something)(None, databases=None)
+    assert message.id == "django_leader.W000"
+    assert message.msg == (
+        "django_leader's check check_something() could not run: "
+        "RuntimeError: Model class x doesn't declare an explicit app_label"
+    )
+    assert never_raises(lambda **kwargs: [])() == []

@@ -1,0 +1,137 @@
+"""The system checks as a new user meets them: a project made by ``django-admin
+startproject``, one setting gone wrong, ``manage.py`` commands run as processes.
+
+Each case is a mistake a user made following the docs. A check must report it, in words
+that name the setting, and must never raise: Django runs the checks before ``migrate``,
+``runserver`` and every management command, so a check that raises stops all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("celery")
+
+SITE = "mysite"
+
+# A sitecustomize.py that makes ``import packaging`` fail as in a venv without it.
+NO_PACKAGING = """
+import sys
+
+class NoPackaging:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "packaging":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoPackaging())
+"""
+
+
+def user_env(project: Path) -> dict[str, str]:
+    """The environment of a user's shell: none of the test run's Django settings."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "DJANGO_SETTINGS_MODULE" and not key.startswith("DJANGO_LEADER_")
+    }
+    return {**env, "PYTHONPATH": str(project)}
+
+
+def run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=project,
+        env=user_env(project),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A fresh project with django_leader installed and migrated, nothing else configured."""
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", SITE, str(tmp_path)],
+        check=True,
+        env=user_env(tmp_path),
+        timeout=60,
+    )
+    configure(tmp_path, 'INSTALLED_APPS += ["django_leader"]')
+    migrated = run(tmp_path, "migrate")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    return tmp_path
+
+
+def configure(project: Path, text: str) -> None:
+    with open(project / SITE / "settings.py", "a") as settings:
+        settings.write(f"\n{text}\n")
+
+
+def assert_clean_warning(result: subprocess.CompletedProcess[str], check_id: str) -> str:
+    """The command succeeded, reported ``check_id`` and printed no traceback."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Traceback" not in output, output
+    assert f"({check_id})" in output, output
+    return output
+
+
+def test_a_database_scheduler_without_its_app_is_w011_not_a_crash(project: Path) -> None:
+    """The old check imported django-celery-beat's scheduler to look at it, which imports
+    its models: Django raised RuntimeError ("doesn't declare an explicit app_label") out
+    of ``check``, ``migrate`` and ``leader status`` alike."""
+    pytest.importorskip("django_celery_beat")
+    configure(
+        project,
+        'DJANGO_LEADER = {"BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}\n'
+        'CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"',
+    )
+    output = assert_clean_warning(run(project, "check"), "django_leader.W011")
+    assert "'django_celery_beat' is not in INSTALLED_APPS" in output
+    assert_clean_warning(run(project, "migrate"), "django_leader.W011")
+    status = run(project, "leader", "status")
+    assert_clean_warning(status, "django_leader.W011")
+    assert status.stdout == "no leases yet\n"
+
+
+def test_beat_scheduler_set_without_celery_beat_scheduler_is_w013(project: Path) -> None:
+    """The likeliest mistake: ``BEAT_SCHEDULER`` set, ``CELERY_BEAT_SCHEDULER`` forgotten.
+    Beat then runs Celery's own scheduler and every beat sends; the old check said
+    nothing, because it only looked at a ``CELERY_BEAT_SCHEDULER`` that was set."""
+    configure(project, 'DJANGO_LEADER = {"BEAT_SCHEDULER": "celery.beat:PersistentScheduler"}')
+    output = assert_clean_warning(run(project, "check"), "django_leader.W013")
+    assert "CELERY_BEAT_SCHEDULER is not set (Celery's default)" in output
+    assert "every one of them sends" in output
+
+    configure(project, 'CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"')
+    result = run(project, "check")
+    assert (result.returncode, result.stdout) == (
+        0,
+        "System check identified no issues (0 silenced).\n",
+    )
+
+
+def test_a_redis_broker_whose_transport_cannot_load_is_w014(project: Path) -> None:
+    """``pip install django-leader[celery,redis]`` once gave redis-py but not what kombu's
+    Redis transport imports (``packaging``): every worker and beat died at start. Here the
+    import of ``packaging`` is made to fail in the checked process, as it did then."""
+    pytest.importorskip("redis")
+    configure(project, 'CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"')
+    result = run(project, "check")
+    assert (result.returncode, result.stdout) == (
+        0,
+        "System check identified no issues (0 silenced).\n",
+    )
+
+    blocker = project / "sitecustomize.py"  # runs at start-up, before Django
+    blocker.write_text(NO_PACKAGING)
+    output = assert_clean_warning(run(project, "check"), "django_leader.W014")
+    assert "kombu's Redis transport cannot be imported" in output
+    assert "No module named 'packaging'" in output
+    assert 'pip install "celery[redis]"' in output
