@@ -49,8 +49,9 @@ def test_status_json_of_held_lease(backend: Any, lease_name: str) -> None:
         "expires_in",
         "transitions",
         "candidates",
+        "known",
     }
-    assert data["candidates"] == []
+    assert data["candidates"] == [] and data["known"] is True
 
 
 def test_status_lists_candidates_waiting(backend: Any, lease_name: str) -> None:
@@ -71,6 +72,34 @@ def test_status_exits_3_when_nobody_holds(backend: Any, lease_name: str) -> None
     lease, _ = backend.acquire(lease_name, "alice", 30)
     backend.release(lease)
     assert run(backend, "status", lease_name).returncode == 3
+
+
+def test_status_tells_an_unknown_name_from_a_free_lease(backend: Any, lease_name: str) -> None:
+    """A name never taken, with no history and no candidates, is most likely a typo: it is
+    reported as unknown (still exit 3: nobody holds it), with the names it resembles."""
+    backend.acquire(lease_name, "alice", 30)
+    typo = lease_name[:-1] + ("x" if lease_name[-1] != "x" else "y")
+    result = run(backend, "status", typo)
+    assert result.returncode == 3
+    assert result.stdout.startswith(f"{typo}: unknown — no lease of that name was ever taken")
+    assert f"did you mean {lease_name}" in result.stdout
+    data = json.loads(run(backend, "status", typo, "--json").stdout)
+    assert (data["state"], data["known"]) == ("free", False)
+
+    released, _ = backend.acquire(typo, "bob", 30)  # now it has been taken, and released
+    backend.release(released)
+    result = run(backend, "status", typo)
+    assert (result.returncode, result.stdout) == (3, f"{typo}: free\n")
+    assert json.loads(run(backend, "status", typo, "--json").stdout)["known"] is True
+
+
+def test_status_prints_candidates_only_when_some_wait(backend: Any, lease_name: str) -> None:
+    backend.acquire(lease_name, "alice", 30)
+    backend.announce(lease_name, "alice", 30)  # the holder itself is not waiting
+    result = run(backend, "status", lease_name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{lease_name}: held by alice")
+    assert "candidates waiting" not in result.stdout
 
 
 def test_status_of_all_lists_known_names(backend: Any, lease_name: str) -> None:

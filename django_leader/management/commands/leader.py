@@ -1,6 +1,7 @@
 """``manage.py leader``: inspect and operate leases from the shell.
 
-    leader status [NAME] [--json]        who holds what (exit 3: nobody holds NAME)
+    leader status [NAME] [--json]        who holds what (exit 3: nobody holds NAME; a NAME
+                                         never seen is reported as unknown)
     leader history NAME [--limit N] [--json]
     leader release NAME                  force-release (recorded in the history)
     leader prune [--days N]              delete history older than N days
@@ -10,6 +11,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 nobody holds NAME (``status NAME``, ``rele
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import json
 import sys
@@ -115,12 +117,16 @@ class Command(BaseCommand):
         rows = [
             lease_dict(name, backend.read(name), candidates_of(backend, name)) for name in names
         ]
+        if options["name"]:
+            rows[0]["known"] = rows[0]["state"] == "held" or self._known(backend, names[0])
         if options["json"]:
             self.stdout.write(json.dumps(rows[0] if options["name"] else rows, indent=2))
         elif not rows:
             self.stdout.write("no leases yet")
         for row in rows if not options["json"] else []:
-            if row["state"] == "free":
+            if not row.get("known", True):
+                self.stdout.write(f"{row['name']}: unknown — {self._unknown(backend, row)}")
+            elif row["state"] == "free":
                 self.stdout.write(f"{row['name']}: free")
             else:
                 self.stdout.write(
@@ -128,10 +134,26 @@ class Command(BaseCommand):
                     f"expires in {row['expires_in']:.1f}s, since {row['acquired_at']}, "
                     f"{row['transitions']} transitions"
                 )
-            if row["candidates"] is not None:
-                waiting = ", ".join(row["candidates"]) or "none"
-                self.stdout.write(f"  candidates waiting: {waiting}")
+            if row["candidates"]:
+                self.stdout.write(f"  candidates waiting: {', '.join(row['candidates'])}")
         return NOBODY if options["name"] and rows[0]["state"] == "free" else 0
+
+    def _known(self, backend: Any, name: str) -> bool:
+        """Whether ``name`` was ever seen: a lease the store lists, any history, or an
+        Elector campaigning for it. A name never seen is most likely a typo."""
+        from django_leader.models import LeaseEvent
+
+        if name in backend.names() or candidates_of(backend, name):
+            return True
+        database = backend.history_database or get_settings().database
+        return LeaseEvent.objects.using(database).filter(name=name).exists()
+
+    def _unknown(self, backend: Any, row: dict[str, Any]) -> str:
+        text = "no lease of that name was ever taken (no history, no candidates)"
+        close = difflib.get_close_matches(row["name"], backend.names(), n=3)
+        if close:
+            text += f"; did you mean {', '.join(close)}?"
+        return text
 
     def do_history(self, options: dict[str, Any]) -> int:
         from django_leader.models import LeaseEvent
