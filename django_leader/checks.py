@@ -130,11 +130,14 @@ def check_migrations(
     connection of its own, bounded by the lease store's timeouts and closed at once, and
     never creates a SQLite file. A database it cannot reach makes it say nothing: that is
     :func:`check_database`'s E003, when databases are checked on purpose.
+
+    ``migrate`` passes the database it migrates: of that database it says nothing, since
+    the command is about to create the tables (it looked alarming on a first ``migrate``).
     """
     from .backends import migration_state
 
     alias = _lease_database()
-    if alias is None:
+    if alias is None or (databases is not None and alias in databases):
         return []
     try:
         missing_tables, unapplied = migration_state(alias)

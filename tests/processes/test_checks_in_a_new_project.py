@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("celery")
 
 SITE = "mysite"
+NO_ISSUES = "System check identified no issues (0 silenced).\n"
 
 # A sitecustomize.py that makes ``import packaging`` fail as in a venv without it.
 NO_PACKAGING = """
@@ -51,6 +52,25 @@ def run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def test_the_first_migrate_does_not_warn_of_the_tables_it_creates(tmp_path: Path) -> None:
+    """W002 (tables missing) belongs to ``check``, not to the ``migrate`` that creates them:
+    it used to be the first thing a new user's ``migrate django_leader`` printed."""
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", SITE, str(tmp_path)],
+        check=True,
+        env=user_env(tmp_path),
+        timeout=60,
+    )
+    configure(tmp_path, 'INSTALLED_APPS += ["django_leader"]')
+    assert_clean_warning(run(tmp_path, "check"), "django_leader.W002")
+    migrated = run(tmp_path, "migrate", "django_leader")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    assert "W002" not in migrated.stdout + migrated.stderr
+    assert "Applying django_leader.0001_initial... OK" in migrated.stdout
+    checked = run(tmp_path, "check")
+    assert (checked.returncode, checked.stdout) == (0, NO_ISSUES)
 
 
 @pytest.fixture
@@ -113,7 +133,7 @@ def test_beat_scheduler_set_without_celery_beat_scheduler_is_w013(project: Path)
     result = run(project, "check")
     assert (result.returncode, result.stdout) == (
         0,
-        "System check identified no issues (0 silenced).\n",
+        NO_ISSUES,
     )
 
 
@@ -126,7 +146,7 @@ def test_a_redis_broker_whose_transport_cannot_load_is_w014(project: Path) -> No
     result = run(project, "check")
     assert (result.returncode, result.stdout) == (
         0,
-        "System check identified no issues (0 silenced).\n",
+        NO_ISSUES,
     )
 
     blocker = project / "sitecustomize.py"  # runs at start-up, before Django
