@@ -148,36 +148,35 @@ return str(now)
 """
 )
 
+# The held lease in KEYS[1] as `current` (return {0} if it has no holder), and the reply
+# that gives it back like acquire's, with the server time.
+CURRENT = """
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
+                           'expires_at')
+if not current[1] or current[1] == '' then return {0} end
+"""
+REPLY_CURRENT = """
+local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
+return {1, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
+        str(now)}
+"""
+
 # KEYS: lease, meta. Returns the released lease like acquire's reply, or {0}. The term is
 # not cut short (the key keeps its expiry, with no holder): the holder hears of it at its
 # next renewal, and nobody may take the lease before the term ends.
 FORCE_RELEASE = (
     NOW
+    + CURRENT
     + """
-local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
-                           'expires_at')
-if not current[1] or current[1] == '' then return {0} end
 redis.call('HSET', KEYS[1], 'holder', '')
 redis.call('HSET', KEYS[2], 'released', '1')
-local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
-return {1, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
-        str(now)}
 """
+    + REPLY_CURRENT
 )
 
 # KEYS: lease, meta. Returns the current lease like acquire's reply plus the server time
 # ({0} if free).
-READ = (
-    NOW
-    + """
-local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
-                           'expires_at')
-if not current[1] or current[1] == '' then return {0} end
-local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
-return {1, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
-        str(now)}
-"""
-)
+READ = NOW + CURRENT + REPLY_CURRENT
 
 
 # KEYS: candidates (a sorted set: identity -> expiry in microseconds, server clock).

@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 
 from ..backends.base import Backend
+from ..lease import Lease
 
 __all__ = ["BackendContract", "wait_until_expired"]
 
@@ -270,29 +271,10 @@ class BackendContract:
             assert taken is not None and taken.token == lease.token + 1
 
     def test_threads_race_exactly_one_wins(self, backend: Any, lease_name: str) -> None:
-        barrier = threading.Barrier(20)
-        winners: list[str] = []
-        errors: list[BaseException] = []
-
-        def contend(i: int) -> None:
-            try:
-                barrier.wait()
-                lease, _ = backend.acquire(lease_name, f"thread-{i}", 30)
-                if lease is not None:
-                    winners.append(lease.holder)
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                backend.close()
-
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(20)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        winners, errors = race(backend, lease_name, 20)
         # A contender may see a transient "busy" error (SQLite's lock), never a second win.
         assert len(winners) == 1, (winners, errors)
-        assert backend.read(lease_name).holder == winners[0]
+        assert backend.read(lease_name).holder == winners[0].holder
 
     def test_tokens_increase_by_one_whatever_ended_the_term(
         self, backend: Any, lease_name: str
@@ -341,26 +323,7 @@ class BackendContract:
         """The race again, for a name the store already knows: released, so free at once."""
         first, _ = backend.acquire(lease_name, "alice", 30)
         assert first is not None and backend.release(first) is True
-        barrier = threading.Barrier(10)
-        won: list[Any] = []
-        errors: list[BaseException] = []
-
-        def contend(i: int) -> None:
-            try:
-                barrier.wait()
-                lease, _ = backend.acquire(lease_name, f"thread-{i}", 30)
-                if lease is not None:
-                    won.append(lease)
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                backend.close()
-
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(10)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        won, errors = race(backend, lease_name, 10)
         assert len(won) == 1, (won, errors)
         assert won[0].token == first.token + 1
 
@@ -409,3 +372,29 @@ class BackendContract:
         # Candidacy is no lease: bob announced, yet anyone may take the lease.
         lease, _ = backend.acquire(lease_name, "dave", 30)
         assert lease is not None and lease.holder == "dave"
+
+
+def race(backend: Any, name: str, contenders: int) -> tuple[list[Lease], list[BaseException]]:
+    """``contenders`` threads released together by a barrier, each trying once to acquire
+    ``name`` as ``thread-<i>``: the leases won, and the errors raised."""
+    barrier = threading.Barrier(contenders)
+    won: list[Lease] = []
+    errors: list[BaseException] = []
+
+    def contend(i: int) -> None:
+        try:
+            barrier.wait()
+            lease, _ = backend.acquire(name, f"thread-{i}", 30)
+            if lease is not None:
+                won.append(lease)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            backend.close()
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return won, errors
