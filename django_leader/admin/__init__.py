@@ -4,7 +4,8 @@
   / free) and time left — computed with the *store's* clock: the database server's
   ``now()`` in the same query for the database backend, the live state read from Redis for
   the cache backend. Nobody edits or adds a lease by hand. Each lease's page shows a
-  timeline of who led when and its recent history.
+  timeline of who led when (by default over the lease's whole history) and its recent
+  history.
 * **Force release** (an action on the list, a button on the lease's page): needs the
   permission ``django_leader.release_lease``, POST with a CSRF token only, and is recorded
   in the history with the acting user. The holder notices at its next renewal and steps
@@ -13,7 +14,8 @@
   lease name, kind and date; newest first; paginated without counting every row of a huge
   table, and with the date drill-down found by index seeks.
 
-The modules, each named after what it holds:
+Every time is shown to the second, with its zone. The modules, each named after what it
+holds:
 
 =================== ======================================================================
 ``store``           where the admin reads leases and history, and the store's clock
@@ -23,8 +25,10 @@ The modules, each named after what it holds:
 ``date_hierarchy``  the history's date drill-down by index seeks
 ``paginator``       the history's pages, counted by the planner's estimate when huge
 ``timeline``        the queries behind a lease's timeline
-``periods``         history events -> who held the lease when, and the gaps (pure logic)
-``drawing``         the timeline as SVG
+``periods``         history events -> who held the lease when, the gaps, the time before
+                    the history, the range fitted to it (pure logic)
+``drawing``         the timeline as SVG, with its legend
+``times``           times as the admin shows them: to the second, with the zone
 ``readonly``        no add, change or delete, for anyone
 ``constants``       lease states, limits and timeline ranges
 =================== ======================================================================

@@ -24,11 +24,14 @@ NAME_FILTER_LIMIT = 200
 #: of counting them.
 COUNT_ESTIMATE_ABOVE = 100_000
 
-#: The timeline ranges the lease page offers: name -> (label, length).
-RANGES: dict[str, tuple[str, timedelta]] = {
+#: The timeline ranges the lease page offers: name -> (label, length). A length of None is
+#: the lease's whole history: from its first recorded event to now.
+RANGES: dict[str, tuple[str, timedelta | None]] = {
+    "history": ("whole history", None),
+    "10min": ("last 10 min", timedelta(minutes=10)),
     "hour": ("last hour", timedelta(hours=1)),
     "day": ("last day", timedelta(days=1)),
     "week": ("last week", timedelta(weeks=1)),
 }
 #: The range shown when none (or an unknown one) is asked for.
-DEFAULT_RANGE = "day"
+DEFAULT_RANGE = "history"
