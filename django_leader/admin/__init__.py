@@ -6,6 +6,8 @@
   the cache backend. Nobody edits or adds a lease by hand. Each lease's page shows a
   timeline of who led when (by default over the lease's whole history) and its recent
   history.
+* **Dashboard**: every lease on one page, with its leader, the candidates waiting, its last
+  transition and its alerts (no leader, flapping).
 * **Force release** (an action on the list, a button on the lease's page): needs the
   permission ``django_leader.release_lease``, POST with a CSRF token only, and is recorded
   in the history with the acting user. The holder notices at its next renewal and steps
@@ -21,6 +23,8 @@ holds:
 ``store``           where the admin reads leases and history, and the store's clock
 ``leases``          ``LeaseAdmin``: the list, its state filter, a lease's page, force release
 ``live``            the lease list of a store that is not the database, read live
+``dashboard``       every lease on one page, read through the backend contract
+``alerts``          the dashboard's alerts: no leader, flapping (pure logic)
 ``history``         ``LeaseEventAdmin``: the read-only history and its filters
 ``date_hierarchy``  the history's date drill-down by index seeks
 ``paginator``       the history's pages, counted by the planner's estimate when huge
@@ -30,7 +34,7 @@ holds:
 ``drawing``         the timeline as SVG, with its legend
 ``times``           times as the admin shows them: to the second, with the zone
 ``readonly``        no add, change or delete, for anyone
-``constants``       lease states, limits and timeline ranges
+``constants``       lease states, limits, timeline ranges, alert thresholds
 =================== ======================================================================
 
 Importing this package (Django's admin autodiscovery does) registers both admins with the

@@ -1,4 +1,5 @@
-"""What the admin shows and how much it reads: lease states, their labels, limits, ranges."""
+"""What the admin shows and how much it reads: lease states, their labels, limits, ranges,
+and the dashboard's alert thresholds."""
 
 from __future__ import annotations
 
@@ -35,3 +36,11 @@ RANGES: dict[str, tuple[str, timedelta | None]] = {
 }
 #: The range shown when none (or an unknown one) is asked for.
 DEFAULT_RANGE = "history"
+
+#: The dashboard reads at most this many leases (a few store reads and two indexed history
+#: queries each); beyond that it says so, and a search narrows the list.
+DASHBOARD_LEASES = 200
+#: "flapping": more than FLAPPING_TRANSITIONS transitions (acquisitions and takeovers, what
+#: a lease's ``transitions`` counter counts) within the last FLAPPING_WINDOW.
+FLAPPING_TRANSITIONS = 5
+FLAPPING_WINDOW = timedelta(minutes=10)

@@ -3,9 +3,10 @@
 State and time left come from the store's clock (:mod:`~django_leader.admin.store`); with a
 store that is not the database each lease is read live (:mod:`~django_leader.admin.live`).
 A lease's page adds the candidates waiting, the timeline
-(:mod:`~django_leader.admin.timeline`) and the recent history. Force release (an action on
-the list, a button on the page) needs ``django_leader.release_lease`` and a POST with a
-CSRF token; it comes back to the lease's page as it was (its timeline range).
+(:mod:`~django_leader.admin.timeline`) and the recent history; the dashboard
+(:mod:`~django_leader.admin.dashboard`) shows every lease on one page. Force release (an
+action on the list, a button on the page) needs ``django_leader.release_lease`` and a POST
+with a CSRF token; it comes back to the lease's page as it was (its timeline range).
 Every time is shown to the second with its zone (:mod:`~django_leader.admin.times`).
 """
 
@@ -48,6 +49,7 @@ from .constants import (
     STATE_LABELS,
     UNKNOWN,
 )
+from .dashboard import dashboard_view
 from .live import LiveLeaseChangeList, live_rows
 from .periods import format_duration, utc
 from .readonly import ReadOnly
@@ -268,11 +270,26 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             self.admin_site.admin_view(self.release_view),
             name="{}_{}_release".format(*info),
         )
-        return [release, *super().get_urls()]
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name="{}_{}_dashboard".format(*info),
+        )
+        return [dashboard, release, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """Every lease on one page: leader, candidates, last transition, alerts."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return dashboard_view(self, request)
+
+    def dashboard_url(self) -> str:
+        return reverse("admin:django_leader_lease_dashboard", current_app=self.admin_site.name)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         extra = {
             **Store.current().header(),
+            "dashboard_url": self.dashboard_url(),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra)
@@ -338,6 +355,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             "admin_log_url": reverse(
                 "admin:django_leader_lease_history", args=[quote(row.name)], current_app=site
             ),
+            "dashboard_url": self.dashboard_url(),
         }
 
     # -- force release -------------------------------------------------------------------

@@ -495,11 +495,13 @@ def test_every_time_is_shown_to_the_second_with_its_zone(
         page = words(change_url(lease_name))
         events = words(reverse(EVENTS), name=lease_name)
         one = words(reverse("admin:django_leader_leaseevent_change", args=[event.pk]))
+        dashboard = words(reverse("admin:django_leader_lease_dashboard"), q=lease_name)
     for what, words_ in (
         ("list", listing),
         ("lease", page),
         ("history", events),
         ("event", one),
+        ("dashboard", dashboard),
     ):
         assert f"shown in {abbreviation}" in words_ or what == "event", what
         assert stamp.search(words_), what
