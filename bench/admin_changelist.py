@@ -120,7 +120,7 @@ def main() -> None:
         ("one lease, kind=lost", f"/admin/django_leader/leaseevent/?name={one}&kind=lost"),
         ("unfiltered", "/admin/django_leader/leaseevent/"),
         ("unfiltered, kind=lost", "/admin/django_leader/leaseevent/?kind=lost"),
-        ("lease page (timeline)", f"/admin/django_leader/lease/{one}/change/"),
+        ("lease page (timeline)", f"/admin/django_leader/lease/{one}/change/?timeline=day"),
     ]
     print(
         f"history changelist, {total:,} rows in the table, {per_lease:,} of lease {one!r}; "

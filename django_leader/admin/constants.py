@@ -1,4 +1,5 @@
-"""What the admin shows and how much it reads: lease states, their labels, limits, ranges."""
+"""What the admin shows and how much it reads: lease states, their labels, limits, ranges,
+and the dashboard's alert thresholds."""
 
 from __future__ import annotations
 
@@ -24,11 +25,22 @@ NAME_FILTER_LIMIT = 200
 #: of counting them.
 COUNT_ESTIMATE_ABOVE = 100_000
 
-#: The timeline ranges the lease page offers: name -> (label, length).
-RANGES: dict[str, tuple[str, timedelta]] = {
+#: The timeline ranges the lease page offers: name -> (label, length). A length of None is
+#: the lease's whole history: from its first recorded event to now.
+RANGES: dict[str, tuple[str, timedelta | None]] = {
+    "history": ("whole history", None),
+    "10min": ("last 10 min", timedelta(minutes=10)),
     "hour": ("last hour", timedelta(hours=1)),
     "day": ("last day", timedelta(days=1)),
     "week": ("last week", timedelta(weeks=1)),
 }
 #: The range shown when none (or an unknown one) is asked for.
-DEFAULT_RANGE = "day"
+DEFAULT_RANGE = "history"
+
+#: The dashboard reads at most this many leases (a few store reads and two indexed history
+#: queries each); beyond that it says so, and a search narrows the list.
+DASHBOARD_LEASES = 200
+#: "flapping": more than FLAPPING_TRANSITIONS transitions (acquisitions and takeovers, what
+#: a lease's ``transitions`` counter counts) within the last FLAPPING_WINDOW.
+FLAPPING_TRANSITIONS = 5
+FLAPPING_WINDOW = timedelta(minutes=10)

@@ -2,6 +2,12 @@
 
 Rendered on the server as plain SVG (no script, no external resources), so it works without
 JavaScript and in a locked-down admin. Every value written into it is escaped.
+
+The picture: a "leader" lane with every term in its holder's colour and what the time
+without a term was (:func:`~django_leader.admin.periods.bands`: no leader, no history, not
+read), one lane per holder below it, a time axis to the second, and a legend. Lane labels
+fit their column: it grows with the longest label up to :data:`MAX_LABEL_WIDTH`, and a
+longer holder id is cut with an ellipsis (its tooltip is the whole id).
 """
 
 from __future__ import annotations
@@ -13,17 +19,21 @@ from typing import Any
 from django.utils import timezone
 from django.utils.html import escape
 
-from .periods import Period, format_duration, gaps
+from . import times
+from .periods import NO_HISTORY, NO_LEADER, NOT_READ, Band, Period, bands, format_duration
 
 #: The picture's geometry, in SVG user units (the picture scales to its box).
 WIDTH = 960
-LABEL_WIDTH = 200
+MIN_LABEL_WIDTH = 110
+MAX_LABEL_WIDTH = 280
+LABEL_PAD = 8
 RIGHT_PAD = 24
 LANE_HEIGHT = 18
 LANE_GAP = 7
 TOP = 8
-AXIS_HEIGHT = 34
-LEGEND_HEIGHT = 22
+AXIS_HEIGHT = 36
+LEGEND_ROW = 20
+FONT_SIZE = 12
 MAX_LANES = 10
 PALETTE = (
     "#417690",
@@ -39,10 +49,59 @@ PALETTE = (
 )
 OTHERS_COLOR = "#8a8a8a"
 GAP_COLOR = "#d9534f"
+NO_HISTORY_COLOR = "#9a9a9a"
+CURRENT_SUFFIX = " (leads now)"
 
-_TICK_STEPS = [
-    timedelta(minutes=m) for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880)
-]
+#: What each kind of band is called, in the legend and in its tooltip.
+BAND_LABELS = {
+    NO_LEADER: "no leader",
+    NO_HISTORY: "no history",
+    NOT_READ: "history not read",
+}
+
+_TICK_STEPS = (
+    [
+        timedelta(seconds=s)
+        for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600)
+    ]
+    + [timedelta(hours=12)]
+    + [timedelta(days=d) for d in (1, 2, 7, 14, 28, 91, 182, 364)]
+)
+
+#: Advance widths of DejaVu Sans (the widest usual sans-serif, Debian's default), in ems,
+#: for estimating a label's width on the server; other characters count as :data:`_WIDE`.
+_EM = {
+    **dict.fromkeys("0123456789", 0.64),
+    **dict.fromkeys("abdeghnopqu", 0.64),
+    **dict.fromkeys("ckvxyz", 0.6),
+    **dict.fromkeys("ijl.,:;'|!", 0.28),
+    **dict.fromkeys(" ", 0.32),
+    **dict.fromkeys("frt-()[]/", 0.42),
+    "s": 0.53,
+    "m": 0.98,
+    "w": 0.82,
+    "_": 0.5,
+    "…": 1.0,
+}
+_WIDE = 0.8
+_BOLD = 1.12
+
+
+def text_width(text: str, *, bold: bool = False, size: float = FONT_SIZE) -> float:
+    """An upper estimate of ``text``'s width in user units, in DejaVu Sans at ``size``."""
+    ems = sum(_EM.get(char, _WIDE) for char in text)
+    return ems * size * (_BOLD if bold else 1.0)
+
+
+def fit(text: str, width: float, *, bold: bool = False, suffix: str = "") -> str:
+    """``text`` + ``suffix``, with ``text`` cut short ("…") so the whole fits ``width``."""
+    width += 1e-6  # a width computed from the text's own, through other sums, still fits
+    if text_width(text + suffix, bold=bold) <= width:
+        return text + suffix
+    cut = len(text)
+    while cut > 1 and text_width(text[:cut] + "…" + suffix, bold=bold) > width:
+        cut -= 1
+    return text[:cut] + "…" + suffix
 
 
 def render_svg(
@@ -51,80 +110,80 @@ def render_svg(
     start: datetime,
     now: datetime,
     current_holder: str = "",
-    known_from: datetime | None = None,
+    history_from: datetime | None = None,
+    read_from: datetime | None = None,
     title: str = "",
 ) -> str:
     """An SVG picture of ``periods`` between ``start`` and ``now`` (escaped; safe to embed).
 
     One lane per holder (the most recent first, at most :data:`MAX_LANES`; the rest share
-    one lane), above them a "leader" lane with every term and, hatched red, the gaps without
-    a leader. Before ``known_from`` the history is incomplete: drawn grey, not as a gap.
+    one lane), above them a "leader" lane with every term and the time without one:
+    hatched red where nobody led, grey before ``history_from`` (the lease's first recorded
+    event; None: the first period's start) where the history says nothing, hatched grey
+    before ``read_from`` where the history was not read. A legend explains each.
     """
-    span = max((now - start).total_seconds(), 1.0)
-    plot_x = LABEL_WIDTH
-    plot_w = WIDTH - LABEL_WIDTH - RIGHT_PAD
-
-    def x(at: datetime) -> float:
-        seconds = (min(max(at, start), now) - start).total_seconds()
-        return plot_x + seconds / span * plot_w
-
+    if history_from is None and periods:
+        history_from = min(p.start for p in periods)
     visible = [p for p in periods if (p.end is None or p.end > start) and p.start < now]
     lanes = _lanes(visible, current_holder)
     colors = {holder: PALETTE[i % len(PALETTE)] for i, holder in enumerate(lanes)}
     others = any(p.holder not in colors for p in visible)
     lane_names = [*lanes, *(["…"] if others else [])]
+
+    labels = {"": ("leader", "leader", True)}  # lane -> (shown, full, bold)
+    wanted = [text_width("leader", bold=True)]
+    for name in lane_names:
+        full = name if name != "…" else "other holders"
+        current = bool(current_holder) and name == current_holder
+        suffix = CURRENT_SUFFIX if current else ""
+        wanted.append(text_width(full + suffix, bold=current))
+        labels[name] = (full + suffix, full, current)
+    label_width = min(max(max(wanted) + 2 * LABEL_PAD, MIN_LABEL_WIDTH), MAX_LABEL_WIDTH)
+    room = label_width - 2 * LABEL_PAD
+    for name, (_shown, full, bold) in list(labels.items()):
+        suffix = CURRENT_SUFFIX if bold and name else ""
+        labels[name] = (fit(full, room, bold=bold, suffix=suffix), full, bold)
+
+    span = max((now - start).total_seconds(), 1.0)
+    plot_x = label_width
+    plot_w = WIDTH - label_width - RIGHT_PAD
+
+    def x(at: datetime) -> float:
+        seconds = (min(max(at, start), now) - start).total_seconds()
+        return plot_x + seconds / span * plot_w
+
     lane_y = {name: TOP + (i + 1) * (LANE_HEIGHT + LANE_GAP) for i, name in enumerate(lane_names)}
     axis_y = TOP + (len(lane_names) + 1) * (LANE_HEIGHT + LANE_GAP)
-    height = axis_y + AXIS_HEIGHT + LEGEND_HEIGHT
+    empty = bands(visible, start, now, history_from=history_from, read_from=read_from)
+    legend, legend_rows = _legend(axis_y + AXIS_HEIGHT + 14, {band.kind for band in empty})
+    height = axis_y + AXIS_HEIGHT + legend_rows * LEGEND_ROW + 6
 
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="leader-timeline" '
         f'viewBox="0 0 {WIDTH} {height}" width="100%" role="img" '
         f'aria-label="{escape(title)}" font-family="system-ui, -apple-system, sans-serif" '
-        f'font-size="12" data-start="{start.isoformat()}" data-now="{now.isoformat()}">',
+        f'font-size="{FONT_SIZE}" data-start="{start.isoformat()}" '
+        f'data-now="{now.isoformat()}" data-plot-x="{plot_x:.1f}" data-width="{WIDTH}">',
         f"<title>{escape(title)}</title>",
         "<defs>"
         '<pattern id="leader-timeline-gap" patternUnits="userSpaceOnUse" width="6" height="6" '
         'patternTransform="rotate(45)">'
         f'<rect width="3" height="6" fill="{GAP_COLOR}" fill-opacity="0.55"/></pattern>'
-        '<pattern id="leader-timeline-unknown" patternUnits="userSpaceOnUse" width="6" '
+        '<pattern id="leader-timeline-not-read" patternUnits="userSpaceOnUse" width="6" '
         'height="6" patternTransform="rotate(45)">'
         '<rect width="2" height="6" fill="#999" fill-opacity="0.45"/></pattern>'
         "</defs>",
     ]
     out += _grid(start, now, x, TOP + LANE_HEIGHT + LANE_GAP - 4, axis_y)
 
-    # Lane labels.
     leader_y = TOP
-    out.append(_label("leader", leader_y, bold=True, css="lane-label"))
-    for name in lane_names:
-        is_current = name == current_holder and bool(current_holder)
-        label = name if name != "…" else "other holders"
-        out.append(
-            _label(
-                label + (" (leads now)" if is_current else ""),
-                lane_y[name],
-                bold=is_current,
-                css="holder current" if is_current else "holder",
-                full=label,
-            )
-        )
+    for name, (shown, full, bold) in labels.items():
+        y = leader_y if name == "" else lane_y[name]
+        css = "lane-label" if name == "" else ("holder current" if bold else "holder")
+        out.append(_label(shown, full, y, label_width, bold=bold, css=css))
 
-    # Gaps without a leader, and stretches the history does not cover.
-    known_start = max(start, known_from) if known_from else start
-    if known_from and known_from > start:
-        out.append(_band(x(start), x(known_start), leader_y, "unknown", "history not available"))
-    for gap_start, gap_end in gaps(visible, known_start, now):
-        out.append(
-            _band(
-                x(gap_start),
-                x(gap_end),
-                leader_y,
-                "gap",
-                f"no leader: {_when(gap_start)} to {_when(gap_end)} "
-                f"({format_duration((gap_end - gap_start).total_seconds())})",
-            )
-        )
+    for band in empty:
+        out.append(_band(band, x, leader_y))
 
     # Terms, once in the leader lane and once in their holder's lane.
     for period in visible:
@@ -138,8 +197,8 @@ def render_svg(
         f'<line class="now" x1="{plot_x + plot_w:.1f}" y1="{TOP - 2}" '
         f'x2="{plot_x + plot_w:.1f}" y2="{axis_y}" stroke="currentColor" stroke-width="1.5"/>'
     )
-    out += _axis(start, now, x, axis_y)
-    out += _legend(height - LEGEND_HEIGHT + 14)
+    out += _axis(start, now, x, axis_y, plot_x)
+    out += legend
     out.append("</svg>")
     return "".join(out)
 
@@ -156,15 +215,11 @@ def _lanes(periods: Sequence[Period], current_holder: str) -> list[str]:
     return ordered[: MAX_LANES - 1] if len(ordered) > MAX_LANES else ordered
 
 
-def _when(at: datetime) -> str:
-    return timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _period_title(period: Period, now: datetime) -> str:
     end = period.end or now
     text = (
-        f"{period.holder}, token {period.token}: {_when(period.start)} to "
-        + ("now (leading)" if period.end is None else _when(end))
+        f"{period.holder}, token {period.token}: {times.plain(period.start)} to "
+        + ("now (leading)" if period.end is None else times.plain(end))
         + f" ({format_duration((end - period.start).total_seconds())})"
     )
     if period.uncertain:
@@ -195,20 +250,31 @@ def _period_rect(period: Period, x: Any, y: float, color: str, tip: str, now: da
     return rect + "</g>"
 
 
-def _band(x0: float, x1: float, y: float, css: str, tip: str) -> str:
+def _fill(kind: str) -> str:
+    if kind == NO_HISTORY:
+        return f'fill="{NO_HISTORY_COLOR}" fill-opacity="0.18"'
+    return f'fill="url(#leader-timeline-{kind})"'
+
+
+def _band(band: Band, x: Any, y: float) -> str:
+    what = BAND_LABELS[band.kind]
+    duration = format_duration((band.end - band.start).total_seconds())
+    if band.kind == NO_HISTORY:
+        what += " (before the first recorded event)"
+    tip = f"{what}: {times.plain(band.start)} to {times.plain(band.end)} ({duration})"
+    x0, x1 = x(band.start), x(band.end)
     return (
-        f'<g class="{css}"><title>{escape(tip)}</title>'
+        f'<g class="{band.kind}"><title>{escape(tip)}</title>'
         f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1.0):.1f}" '
-        f'height="{LANE_HEIGHT}" fill="url(#leader-timeline-{css})"/></g>'
+        f'height="{LANE_HEIGHT}" {_fill(band.kind)}/></g>'
     )
 
 
-def _label(text: str, y: float, *, bold: bool, css: str, full: str | None = None) -> str:
-    shown = text if len(text) <= 30 else text[:29] + "…"
+def _label(shown: str, full: str, y: float, width: float, *, bold: bool, css: str) -> str:
     weight = ' font-weight="bold"' if bold else ""
     return (
-        f'<text class="{css}" x="{LABEL_WIDTH - 8}" y="{y + LANE_HEIGHT - 5:.1f}" '
-        f'text-anchor="end" fill="currentColor"{weight}><title>{escape(full or text)}</title>'
+        f'<text class="{css}" x="{width - LABEL_PAD:.1f}" y="{y + LANE_HEIGHT - 5:.1f}" '
+        f'text-anchor="end" fill="currentColor"{weight}><title>{escape(full)}</title>'
         f"{escape(shown)}</text>"
     )
 
@@ -217,13 +283,13 @@ def _ticks(start: datetime, now: datetime) -> tuple[list[datetime], timedelta]:
     span = now - start
     step = next((s for s in _TICK_STEPS if span / s <= 8), _TICK_STEPS[-1])
     local = timezone.localtime(start)
-    base = local.replace(hour=0, minute=0, second=0, microsecond=0)
-    minutes = int(step.total_seconds() // 60)
-    since_midnight = local.hour * 60 + local.minute
-    if minutes < 1440:
-        first = base + timedelta(minutes=(since_midnight // minutes + 1) * minutes)
+    midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
+    seconds = int(step.total_seconds())
+    if step < timedelta(days=1):
+        since_midnight = local.hour * 3600 + local.minute * 60 + local.second
+        first = midnight + timedelta(seconds=(since_midnight // seconds + 1) * seconds)
     else:
-        first = base + timedelta(days=1)
+        first = midnight + timedelta(days=1)
     ticks = []
     tick = first
     while tick < now:
@@ -241,47 +307,66 @@ def _grid(start: datetime, now: datetime, x: Any, top: float, bottom: float) -> 
     ]
 
 
-def _axis(start: datetime, now: datetime, x: Any, y: float) -> list[str]:
+def _tick_label(tick: datetime, step: timedelta) -> str:
+    local = timezone.localtime(tick)
+    if step < timedelta(minutes=1):
+        return local.strftime("%H:%M:%S")
+    if step >= timedelta(days=28):
+        return local.strftime("%d %b %Y")
+    if step >= timedelta(days=1) or (local.hour == 0 and local.minute == 0):
+        return local.strftime("%a %d %b")
+    return local.strftime("%H:%M")
+
+
+def _axis(start: datetime, now: datetime, x: Any, y: float, plot_x: float) -> list[str]:
     ticks, step = _ticks(start, now)
     out = [
-        f'<line x1="{LABEL_WIDTH}" y1="{y}" x2="{WIDTH - RIGHT_PAD}" y2="{y}" '
+        f'<line x1="{plot_x:.1f}" y1="{y}" x2="{WIDTH - RIGHT_PAD}" y2="{y}" '
         'stroke="currentColor" stroke-opacity="0.5"/>'
     ]
     for tick in ticks:
-        local = timezone.localtime(tick)
-        daily = step >= timedelta(days=1) or (local.hour == 0 and local.minute == 0)
-        label = local.strftime("%a %d %b") if daily else local.strftime("%H:%M")
         out.append(
             f'<line x1="{x(tick):.1f}" y1="{y}" x2="{x(tick):.1f}" y2="{y + 4}" '
             'stroke="currentColor" stroke-opacity="0.5"/>'
-            f'<text x="{x(tick):.1f}" y="{y + 17}" text-anchor="middle" fill="currentColor" '
-            f'fill-opacity="0.75">{escape(label)}</text>'
+            f'<text class="tick" x="{x(tick):.1f}" y="{y + 17}" text-anchor="middle" '
+            f'fill="currentColor" fill-opacity="0.75">{escape(_tick_label(tick, step))}</text>'
         )
     out.append(
-        f'<text x="{WIDTH - RIGHT_PAD}" y="{y + 31}" text-anchor="end" fill="currentColor" '
-        f'fill-opacity="0.75">now: {escape(_when(now))} '
-        f"{escape(timezone.localtime(now).tzname() or '')}</text>"
+        f'<text class="range" x="{WIDTH - RIGHT_PAD}" y="{y + 32}" text-anchor="end" '
+        f'fill="currentColor" fill-opacity="0.75">{escape(times.plain(start))} to now, '
+        f"{escape(times.plain(now))}</text>"
     )
     return out
 
 
-def _legend(y: float) -> list[str]:
-    items = (
-        ("url(#leader-timeline-gap)", "no leader"),
-        ("url(#leader-timeline-unknown)", "history not available"),
-    )
-    out = []
-    left = LABEL_WIDTH
-    for fill, text in items:
+def _legend(y: float, shown: set[str]) -> tuple[list[str], int]:
+    """The legend's items from the left, wrapped into rows; and how many rows."""
+    items = [
+        ("term", f'fill="{PALETTE[0]}"', "a term, in its holder's colour"),
+        (NO_LEADER, _fill(NO_LEADER), "no leader"),
+        (NO_HISTORY, _fill(NO_HISTORY), "no history (before the first recorded event)"),
+        (
+            "uncertain",
+            f'fill="{PALETTE[0]}" fill-opacity="0.25" stroke="{PALETTE[0]}" stroke-dasharray="3 3"',
+            "expired unreleased, end unknown",
+        ),
+    ]
+    if NOT_READ in shown:
+        items.append((NOT_READ, _fill(NOT_READ), "history not read (too many events)"))
+    out = ['<g class="legend">']
+    left, row = float(LABEL_PAD), 0
+    for key, fill, text in items:
+        width = 24 + text_width(text) + 22
+        if left + width > WIDTH - RIGHT_PAD and left > LABEL_PAD:
+            left, row = float(LABEL_PAD), row + 1
+        top = y + row * LEGEND_ROW
         out.append(
-            f'<rect x="{left}" y="{y - 10}" width="18" height="12" fill="{fill}" '
-            'stroke="currentColor" stroke-opacity="0.3"/>'
-            f'<text x="{left + 24}" y="{y}" fill="currentColor" fill-opacity="0.75">'
-            f"{escape(text)}</text>"
+            f'<g class="legend-item" data-key="{key}">'
+            f'<rect x="{left:.1f}" y="{top - 10}" width="18" height="12" {fill} '
+            'stroke-opacity="0.6"/>'
+            f'<text x="{left + 24:.1f}" y="{top}" fill="currentColor" fill-opacity="0.8">'
+            f"{escape(text)}</text></g>"
         )
-        left += 24 + 8 * len(text) + 24
-    out.append(
-        f'<text x="{left}" y="{y}" fill="currentColor" fill-opacity="0.75">'
-        "dashed: expired unreleased, end unknown</text>"
-    )
-    return out
+        left += width
+    out.append("</g>")
+    return out, row + 1

@@ -2,7 +2,9 @@
 
 Filters by lease name and kind, a date drill-down by index seeks
 (:mod:`~django_leader.admin.date_hierarchy`), and pages that count without reading every
-row of a huge table (:mod:`~django_leader.admin.paginator`).
+row of a huge table (:mod:`~django_leader.admin.paginator`). Times to the second with their
+zone; a long holder id is cut to its column (the whole id in its tooltip), so the token,
+actor and detail columns stay on the screen.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import BackendUnavailable
 from ..models import LeaseEvent
+from . import times
 from .constants import NAME_FILTER_LIMIT
 from .date_hierarchy import HistoryChangeList
+from .leases import identity_html
 from .paginator import HistoryPaginator
 from .readonly import ReadOnly
 from .store import Store
@@ -53,15 +57,15 @@ class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
     """The history of every lease: read-only for everyone, superusers included."""
 
     list_display = (
-        "at",
+        "when",
         "lease",
         "kind",
-        "holder",
+        "holder_id",
         "token",
-        "previous_holder",
-        "actor",
+        "actor_name",
         "short_detail",
     )
+    list_display_links = ("when",)
     list_filter = (NameFilter, "kind")
     date_hierarchy = "at"
     search_fields = ("holder",)
@@ -71,7 +75,7 @@ class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
     show_full_result_count = False
     actions = None
     fields = (
-        "at",
+        "when",
         "lease",
         "kind",
         "holder",
@@ -90,6 +94,18 @@ class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(Store.current().history_db)
 
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """Without the lease column when the list shows one lease's history: its columns
+        need the room. (The previous holder of a takeover is in its detail.)"""
+        if request.GET.get(NameFilter.parameter_name):
+            return tuple(column for column in self.list_display if column != "lease")
+        return self.list_display
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        # The times are the events' own: no need to read the store's clock (nor the store).
+        extra = {**Store.current().header(clock=False), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
     def get_paginator(
         self,
         request: HttpRequest,
@@ -103,6 +119,10 @@ class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return HistoryChangeList
 
+    @admin.display(description=_("at"), ordering="at")
+    def when(self, event: LeaseEvent) -> str:
+        return times.html(event.at)
+
     @admin.display(description=_("lease"), ordering="name")
     def lease(self, event: LeaseEvent) -> str:
         url = reverse(
@@ -110,9 +130,19 @@ class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
             args=[quote(event.name)],
             current_app=self.admin_site.name,
         )
-        return format_html('<a href="{}">{}</a>', url, event.name)
+        return format_html('<a href="{}">{}</a>', url, identity_html(event.name))
+
+    @admin.display(description=_("holder"), ordering="holder")
+    def holder_id(self, event: LeaseEvent) -> str:
+        return identity_html(event.holder, "")
+
+    @admin.display(description=_("actor"))
+    def actor_name(self, event: LeaseEvent) -> str:
+        return identity_html(event.actor, "")
 
     @admin.display(description=_("detail"))
     def short_detail(self, event: LeaseEvent) -> str:
         text = event.detail
-        return text if len(text) <= 80 else text[:79] + "…"
+        if len(text) <= 80:
+            return text
+        return format_html('<span title="{}">{}</span>', text, text[:79] + "…")

@@ -3,9 +3,11 @@
 State and time left come from the store's clock (:mod:`~django_leader.admin.store`); with a
 store that is not the database each lease is read live (:mod:`~django_leader.admin.live`).
 A lease's page adds the candidates waiting, the timeline
-(:mod:`~django_leader.admin.timeline`) and the recent history. Force release (an action on
-the list, a button on the page) needs ``django_leader.release_lease`` and a POST with a
-CSRF token.
+(:mod:`~django_leader.admin.timeline`) and the recent history; the dashboard
+(:mod:`~django_leader.admin.dashboard`) shows every lease on one page. Force release (an
+action on the list, a button on the page) needs ``django_leader.release_lease`` and a POST
+with a CSRF token; it comes back to the lease's page as it was (its timeline range).
+Every time is shown to the second with its zone (:mod:`~django_leader.admin.times`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import formats, timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
@@ -36,6 +37,7 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import get_settings
 from ..exceptions import BackendUnavailable
 from ..models import Lease, LeaseEvent
+from . import times
 from .constants import (
     DEFAULT_RANGE,
     EXPIRED,
@@ -47,11 +49,30 @@ from .constants import (
     STATE_LABELS,
     UNKNOWN,
 )
+from .dashboard import dashboard_view
 from .live import LiveLeaseChangeList, live_rows
 from .periods import format_duration, utc
 from .readonly import ReadOnly
 from .store import Store, _expired_q, _free_q, _leading_q, _releasing_q
-from .timeline import timeline_svg
+from .timeline import first_event, range_start, timeline_svg
+
+#: The query parameters a lease's page keeps across force release: its timeline range and
+#: the filters of the list it was opened from.
+KEPT_PARAMETERS = ("timeline", "_changelist_filters")
+
+
+def identity_html(value: str, empty: str = "-") -> str:
+    """A holder id (or a lease name) cut to the column's width by CSS; the whole in its
+    tooltip, so a long one never pushes the next columns off the screen."""
+    if not value:
+        return empty
+    return format_html('<span class="leader-id" title="{}">{}</span>', value, value)
+
+
+def kept_query(request: HttpRequest) -> str:
+    """``?timeline=…`` (and the list's filters) of this request, to come back with."""
+    kept = {key: request.GET[key] for key in KEPT_PARAMETERS if request.GET.get(key)}
+    return "?" + urlencode(kept) if kept else ""
 
 
 def _state_of(row: Lease) -> str:
@@ -103,8 +124,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         "token_display",
         "state",
         "time_left",
-        "transitions_display",
-        "renewed_at",
+        "renewed_display",
     )
     list_display_links = ("name",)
     list_filter = (StateFilter,)
@@ -119,9 +139,9 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         "token_display",
         "transitions_display",
         "previous_holder",
-        "acquired_at",
-        "renewed_at",
-        "expires_at",
+        "acquired_display",
+        "renewed_display",
+        "expires_display",
         "candidates_waiting",
         "store_clock",
     )
@@ -183,8 +203,9 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
     @admin.display(description=_("holder"), ordering="holder")
     def holder_display(self, row: Lease) -> str:
         if not row.holder and _state_of(row) == RELEASING and row.previous_holder:
-            return f"(was {row.previous_holder})"
-        return row.holder or self.get_empty_value_display()
+            was = row.previous_holder
+            return format_html('<span class="leader-id" title="{}">(was {})</span>', was, was)
+        return identity_html(row.holder, self.get_empty_value_display())
 
     @admin.display(description=_("fencing token"), ordering="token")
     def token_display(self, row: Lease) -> Any:
@@ -225,12 +246,21 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         waiting = [identity for identity in candidates if identity != row.holder]
         return ", ".join(waiting) or str(_("none"))
 
+    @admin.display(description=_("acquired at"), ordering="acquired_at")
+    def acquired_display(self, row: Lease) -> str:
+        return times.html(row.acquired_at, self.get_empty_value_display())
+
+    @admin.display(description=_("renewed at"), ordering="renewed_at")
+    def renewed_display(self, row: Lease) -> str:
+        return times.html(row.renewed_at, self.get_empty_value_display())
+
+    @admin.display(description=_("expires at"), ordering="expires_at")
+    def expires_display(self, row: Lease) -> str:
+        return times.html(row.expires_at, self.get_empty_value_display())
+
     @admin.display(description=_("checked at (store clock)"))
     def store_clock(self, row: Lease) -> str:
-        now = getattr(row, "store_now", None)
-        if now is None:
-            return self.get_empty_value_display()
-        return formats.localize(timezone.localtime(utc(now)))
+        return times.html(getattr(row, "store_now", None), self.get_empty_value_display())
 
     # -- pages ---------------------------------------------------------------------------
     def get_urls(self) -> list[Any]:
@@ -240,10 +270,28 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             self.admin_site.admin_view(self.release_view),
             name="{}_{}_release".format(*info),
         )
-        return [release, *super().get_urls()]
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name="{}_{}_dashboard".format(*info),
+        )
+        return [dashboard, release, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """Every lease on one page: leader, candidates, last transition, alerts."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return dashboard_view(self, request)
+
+    def dashboard_url(self) -> str:
+        return reverse("admin:django_leader_lease_dashboard", current_app=self.admin_site.name)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        extra = {"leader_store": Store.current().describe(), **(extra_context or {})}
+        extra = {
+            **Store.current().header(),
+            "dashboard_url": self.dashboard_url(),
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, extra)
 
     def render_change_form(
@@ -267,7 +315,9 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
         label, length = RANGES[chosen]
         now = utc(getattr(row, "store_now", None) or store.now())
         state = _state_of(row)
-        svg = timeline_svg(store, row, state, now, now - length, label)
+        first = first_event(store, row.name)
+        start = range_start(first, now, length)
+        svg = timeline_svg(store, row, state, now, start, label, first)
         events = LeaseEvent.objects.using(store.history_db).filter(name=row.name)
         recent = list(events.order_by("-at", "-id")[:RECENT_EVENTS])
         history_url = None
@@ -280,27 +330,32 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
                 + "?"
                 + urlencode({"name": row.name})
             )
+        site = self.admin_site.name
+
+        def with_range(key: str) -> str:
+            params = request.GET.copy()
+            params["timeline"] = key
+            return params.urlencode()
+
         return {
-            "leader_store": store.describe(),
+            **store.header(now=now),
             "lease_state": state,
             "can_release": self.has_release_permission(request) and bool(row.holder),
             "release_url": reverse(
-                "admin:django_leader_lease_release",
-                args=[quote(row.name)],
-                current_app=self.admin_site.name,
-            ),
+                "admin:django_leader_lease_release", args=[quote(row.name)], current_app=site
+            )
+            + kept_query(request),
             "timeline_svg": mark_safe(svg),  # every value in it is escaped
             "timeline_ranges": [
-                {
-                    "key": key,
-                    "label": text,
-                    "active": key == chosen,
-                    "query": urlencode({"timeline": key}),
-                }
+                {"key": key, "label": text, "active": key == chosen, "query": with_range(key)}
                 for key, (text, _length) in RANGES.items()
             ],
             "recent_events": recent,
             "history_url": history_url,
+            "admin_log_url": reverse(
+                "admin:django_leader_lease_history", args=[quote(row.name)], current_app=site
+            ),
+            "dashboard_url": self.dashboard_url(),
         }
 
     # -- force release -------------------------------------------------------------------
@@ -317,7 +372,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             "admin:django_leader_lease_change",
             args=[quote(row.name)],
             current_app=self.admin_site.name,
-        )
+        ) + kept_query(request)
         if request.method == "POST":
             self._force_release(request, [row.name], request.POST.get("reason", ""))
             return HttpResponseRedirect(change_url)

@@ -6,7 +6,10 @@ fencing token end it, and so does the next acquisition. A period still open at t
 either the current term (the store says that holder still holds that token) or a lease that
 expired unreleased: it ends at the lease's ``expires_at`` when the store still knows it (the
 database backend keeps the row), else at an unknown time after its last possible expiry.
-Time not covered by any period is time without a leader (:func:`gaps`).
+Time not covered by any period is time without a leader (:func:`gaps`), except before the
+lease's first recorded event: there the history says nothing, and the picture says so
+(:func:`bands`: "no history", not "no leader"). The default range of the picture fits the
+history (:func:`fitted_start`).
 
 The admin reads the history (:mod:`django_leader.admin.timeline`) and draws the periods
 (:mod:`django_leader.admin.drawing`).
@@ -25,6 +28,14 @@ from ..lease import EventKind
 STARTS = frozenset({EventKind.ACQUIRED.value, EventKind.TAKEN_OVER.value})
 #: Event kinds that end the holding period of the same fencing token.
 ENDS = frozenset({EventKind.RELEASED.value, EventKind.LOST.value, EventKind.FORCED_RELEASE.value})
+
+#: What the leader lane shows where no term is (:class:`Band`): nobody led; the history
+#: does not reach back that far; the history is there but was not read (too many events).
+NO_LEADER, NO_HISTORY, NOT_READ = "gap", "no-history", "not-read"
+#: A range fitted to a history spans at least this long, and starts this fraction of its
+#: length before the first event, so the first term does not begin on the picture's edge.
+FITTED_MIN_SPAN = timedelta(seconds=10)
+FITTED_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,58 @@ def gaps(
     if cursor < now:
         gaps.append((cursor, now))
     return [(a, b) for a, b in gaps if b > a]
+
+
+@dataclass(frozen=True)
+class Band:
+    """A stretch of the leader lane without a term: ``kind`` is :data:`NO_LEADER`,
+    :data:`NO_HISTORY` or :data:`NOT_READ`."""
+
+    kind: str
+    start: datetime
+    end: datetime
+
+
+def fitted_start(first_event: datetime | None, now: datetime) -> datetime:
+    """The start of a range that fits a history whose first event is ``first_event``.
+
+    The range ends at ``now`` and begins a margin (:data:`FITTED_MARGIN` of its length)
+    before the first event; it spans at least :data:`FITTED_MIN_SPAN`. Without any event it
+    is just that minimum.
+    """
+    span = now - first_event if first_event is not None else timedelta(0)
+    span = max(span, FITTED_MIN_SPAN)
+    return now - span * (1 + FITTED_MARGIN)
+
+
+def bands(
+    periods: Sequence[Period],
+    start: datetime,
+    now: datetime,
+    *,
+    history_from: datetime | None,
+    read_from: datetime | None = None,
+) -> list[Band]:
+    """The stretches of [start, now] the leader lane shows without a term, oldest first.
+
+    ``history_from`` is the lease's first recorded event (None: it has none): before it the
+    history says nothing, :data:`NO_HISTORY`, whatever the store does now. ``read_from`` is
+    the oldest event read when the reader stopped at its limit: from the first event to
+    there the history exists but was not read, :data:`NOT_READ`. The rest of the time that
+    no period covers is :data:`NO_LEADER` (:func:`gaps`).
+    """
+    out: list[Band] = []
+    known = start
+    if history_from is None or history_from >= now:
+        return [Band(NO_HISTORY, start, now)] if now > start else []
+    if history_from > known:
+        out.append(Band(NO_HISTORY, known, history_from))
+        known = history_from
+    if read_from is not None and read_from > known:
+        out.append(Band(NOT_READ, known, min(read_from, now)))
+        known = min(read_from, now)
+    out += [Band(NO_LEADER, a, b) for a, b in gaps(periods, known, now)]
+    return out
 
 
 def utc(value: datetime) -> datetime:

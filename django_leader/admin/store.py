@@ -20,6 +20,7 @@ from ..backends import get_backend
 from ..backends.base import Backend
 from ..conf import get_settings
 from ..models import Lease, LeaseEvent
+from .times import zone_name
 
 logger = logging.getLogger("django_leader")
 
@@ -86,6 +87,15 @@ class Store:
             .distinct()
         )
         return list(distinct[:limit])
+
+    def header(self, clock: bool = True, now: datetime | None = None) -> dict[str, Any]:
+        """What the top of each admin page says about the store: which one it is, its clock
+        now (``now`` if the page read it already; none if ``clock`` is false: a page that
+        needs no reading of the store) and the time zone every time on the page is shown in.
+        """
+        if clock and now is None:
+            now = self.now()
+        return {"leader_store": self.describe(), "leader_clock": now, "leader_zone": zone_name(now)}
 
     def now(self) -> datetime:
         """The store's clock; the web server's only if the store cannot be read."""

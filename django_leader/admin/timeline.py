@@ -1,8 +1,9 @@
 """The lease page's timeline: the history of one lease over a range, read for the picture.
 
-The queries stay on the index (``name``, ``-at``, ``-id``): the newest events of the range,
-and, when the range holds them all, the last acquisition before it with the end of that
-term. :mod:`~django_leader.admin.periods` turns them into terms, and
+The queries stay on the index (``name``, ``-at``, ``-id``): the lease's first event (where
+its history begins, and the start of the default range, :func:`range_start`), the newest
+events of the range, and, when the range holds them all, the last acquisition before it
+with the end of that term. :mod:`~django_leader.admin.periods` turns them into terms, and
 :mod:`~django_leader.admin.drawing` draws those.
 """
 
@@ -18,15 +19,36 @@ from .constants import LEADING, TIMELINE_EVENTS, UNKNOWN
 from .store import Store
 
 
+def first_event(store: Store, name: str) -> datetime | None:
+    """When the history of ``name`` begins: its oldest recorded event (None: it has none)."""
+    events = LeaseEvent.objects.using(store.history_db).filter(name=name)
+    first = events.order_by("at", "id").values_list("at", flat=True).first()
+    return periods.utc(first) if first is not None else None
+
+
+def range_start(first: datetime | None, now: datetime, length: timedelta | None) -> datetime:
+    """Where a range of ``length`` ending ``now`` begins; None: fitted to the history."""
+    if length is None:
+        return periods.fitted_start(first, now)
+    return now - length
+
+
 def timeline_svg(
-    store: Store, row: Lease, state: str, now: datetime, start: datetime, label: str
+    store: Store,
+    row: Lease,
+    state: str,
+    now: datetime,
+    start: datetime,
+    label: str,
+    first: datetime | None,
 ) -> str:
     """The SVG picture of who held ``row`` between ``start`` and ``now`` (the store's clock).
 
-    Reads at most :data:`TIMELINE_EVENTS` events of the window, newest first (beyond that,
-    the oldest part of the window is drawn as "history not available"), plus the term
-    already running when the window opens; the store's view of the lease (``row``, in
-    ``state``) ends the last term.
+    ``first`` is the lease's first recorded event (:func:`first_event`): before it the
+    picture says "no history". Reads at most :data:`TIMELINE_EVENTS` events of the window,
+    newest first (beyond that, the oldest part of the window is drawn as "history not
+    read"), plus the term already running when the window opens; the store's view of the
+    lease (``row``, in ``state``) ends the last term.
     """
     events = LeaseEvent.objects.using(store.history_db).filter(name=row.name)
     fields = ("kind", "holder", "token", "at")
@@ -35,24 +57,26 @@ def timeline_svg(
         .order_by("-at", "-id")
         .values_list(*fields)[: TIMELINE_EVENTS + 1]
     )
-    known_from = None
+    read_from = None
     before: list[Any] = []
     if len(window) > TIMELINE_EVENTS:
         window = window[:TIMELINE_EVENTS]
-        known_from = window[-1][3]
+        read_from = window[-1][3]
     else:
         # Who held the lease when the window opens: its last acquisition before, unless
         # that term ended before the window too.
-        first = (
+        opening = (
             events.filter(at__lt=start, kind__in=periods.STARTS)
             .order_by("-at", "-id")
             .values_list(*fields)
             .first()
         )
-        if first is not None:
-            before.append(first)
+        if opening is not None:
+            before.append(opening)
             ended = (
-                events.filter(at__gte=first[3], at__lt=start, token=first[2], kind__in=periods.ENDS)
+                events.filter(
+                    at__gte=opening[3], at__lt=start, token=opening[2], kind__in=periods.ENDS
+                )
                 .order_by("at", "id")
                 .values_list(*fields)
                 .first()
@@ -86,6 +110,7 @@ def timeline_svg(
         start=start,
         now=now,
         current_holder=row.holder if state == LEADING else "",
-        known_from=periods.utc(known_from) if known_from else None,
+        history_from=first,
+        read_from=periods.utc(read_from) if read_from else None,
         title=f"Who held {row.name}, {label}",
     )

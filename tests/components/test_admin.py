@@ -23,6 +23,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.core import checks
 from django.db import connections
+from django.db.models import F
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -409,6 +410,117 @@ def test_lease_page_timeline_shows_terms_gaps_and_current_holder(
     assert 'aria-label="Who held' in page
 
 
+def svg_of(html: str) -> str:
+    start = html.index('class="leader-timeline"')
+    return html[start : html.index("</svg>", start)]
+
+
+def svg_times(svg: str) -> tuple[datetime, datetime]:
+    """The picture's range: ``(start, now)``."""
+    start = re.search(r'data-start="([^"]+)"', svg)
+    now = re.search(r'data-now="([^"]+)"', svg)
+    assert start is not None and now is not None
+    return datetime.fromisoformat(start.group(1)), datetime.fromisoformat(now.group(1))
+
+
+def test_a_new_lease_timeline_fits_its_history_and_paints_nothing_red(
+    admin_client: Client, store: Any, lease_name: str
+) -> None:
+    """The default range is the lease's history; before its first event "no history"."""
+    store.acquire(lease_name, "alice", 60)
+    store.flush_history(10)
+    # Acquired an hour ago (as far as the history says).
+    LeaseEvent.objects.filter(name=lease_name).update(at=F("at") - timedelta(hours=1))
+    first = LeaseEvent.objects.get(name=lease_name).at
+
+    html = admin_client.get(change_url(lease_name)).content.decode()
+    svg = svg_of(html)
+    assert 'class="gap"' not in svg  # nothing red: alice has led since the first event
+    start, now = svg_times(svg)
+    assert timedelta(minutes=2) < first - start < timedelta(minutes=4)  # 5 % of the hour
+    assert abs(start - periods.fitted_start(first, now)) < timedelta(milliseconds=1)
+    assert svg.count('class="no-history"') == 1
+    assert "alice (leads now)" in svg
+    assert '<strong data-range="history">whole history</strong>' in html
+    for key, (_label, length) in leader_admin.constants.RANGES.items():
+        if length is None:
+            continue
+        page = admin_client.get(change_url(lease_name), {"timeline": key}).content.decode()
+        assert f'<strong data-range="{key}">' in page
+        svg = svg_of(page)
+        start, now = svg_times(svg)
+        assert abs((now - start) - length) < timedelta(seconds=1), key
+        assert 'class="gap"' not in svg, key  # before it existed: no history, not red
+        assert svg.count('class="no-history"') == (1 if start < first else 0), key
+        assert 'data-key="no-history"' in svg and 'data-key="gap"' in svg  # the legend
+
+
+def test_force_release_comes_back_to_the_chosen_range(
+    client: Client, make_staff: Any, store: Any, lease_name: str
+) -> None:
+    other = f"{lease_name}-2"
+    store.acquire(lease_name, "alice", 60)
+    store.acquire(other, "bob", 60)
+    login(client, make_staff("operator", "django_leader.view_lease", "django_leader.release_lease"))
+    chosen = f"{release_url(lease_name)}?timeline=week"
+    assert client.get(chosen).status_code == 200  # the confirmation page posts to itself
+    response = client.post(chosen, {"reason": "moving"})
+    assert response.status_code == 302
+    assert response["Location"] == f"{change_url(lease_name)}?timeline=week"
+    assert store.read(lease_name) is None
+    # The lease's page sends its range along with the form.
+    page = client.get(change_url(other), {"timeline": "week"}).content.decode()
+    assert f'action="{release_url(other)}?timeline=week"' in page
+    # Without a range chosen, back to the page as it was.
+    response = client.post(release_url(other))
+    assert response["Location"] == change_url(other)
+
+
+@pytest.mark.parametrize("zone, abbreviation", [("UTC", "UTC"), ("Asia/Kolkata", "IST")])
+def test_every_time_is_shown_to_the_second_with_its_zone(
+    admin_client: Client, store: Any, lease_name: str, zone: str, abbreviation: str
+) -> None:
+    at = datetime(2026, 1, 1, 12, 0, 7, tzinfo=dt_timezone.utc)
+    shown = {"UTC": "2026-01-01 12:00:07 UTC", "Asia/Kolkata": "2026-01-01 17:30:07 IST"}[zone]
+    store.acquire(lease_name, "alice", 60)
+    store.flush_history(10)
+    event = LeaseEvent.objects.create(
+        name=lease_name, kind="released", holder="alice", token=1, at=at
+    )
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d " + abbreviation)
+
+    def words(url: str, **params: str) -> str:
+        html = admin_client.get(url, params).content.decode()
+        return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+    with override_settings(TIME_ZONE=zone):
+        listing = words(reverse(LIST), q=lease_name)
+        page = words(change_url(lease_name))
+        events = words(reverse(EVENTS), name=lease_name)
+        one = words(reverse("admin:django_leader_leaseevent_change", args=[event.pk]))
+    for what, words_ in (("lease", page), ("history", events), ("event", one)):
+        assert shown in words_, what
+    for what, words_ in (("list", listing), ("lease", page), ("history", events), ("event", one)):
+        assert stamp.search(words_), what
+        assert f"shown in {abbreviation}" in words_ or what == "event", what
+    with override_settings(TIME_ZONE=zone):
+        dashboard = words(reverse("admin:django_leader_lease_dashboard"), q=lease_name)
+    assert stamp.search(dashboard) and f"shown in {abbreviation}" in dashboard
+    # The timeline's tooltips too.
+    svg = svg_of(admin_client.get(change_url(lease_name)).content.decode())
+    assert re.search(r"alice, token \d+: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC to", svg)
+
+
+def test_election_history_and_admin_log_are_told_apart(
+    admin_client: Client, store: Any, lease_name: str
+) -> None:
+    store.acquire(lease_name, "alice", 60)
+    html = admin_client.get(change_url(lease_name)).content.decode()
+    assert 'class="leader-election-history">Election history</a>' in html
+    assert 'class="historylink">Admin log</a>' in html
+    assert "Lease history" not in html and ">History</a>" not in html
+
+
 def test_lease_page_lists_the_candidates_waiting(
     admin_client: Client, store: Any, lease_name: str
 ) -> None:
@@ -436,7 +548,7 @@ def test_history_changelist_filters_and_newest_first(admin_client: Client) -> No
 
     def shown(**params: str) -> list[str]:
         html = admin_client.get(reverse(EVENTS), params).content.decode()
-        return re.findall(r'class="field-holder">([^<]*)<', html)
+        return re.findall(r'class="field-holder_id"><span class="leader-id" [^>]*>([^<]*)<', html)
 
     assert shown() == ["host-3", "host-2", "host-1", "host-1"]  # newest first
     assert shown(name="alpha") == ["host-3", "host-1", "host-1"]
@@ -623,8 +735,10 @@ def test_svg_escapes_names_and_marks_the_current_holder() -> None:
     assert svg.count('class="gap"') == 1  # 20-30 min
     # bob's bar starts at half the plot width.
     bar = re.search(r'data-holder="bob".*?<rect x="([\d.]+)"', svg)
-    assert bar is not None
-    middle = drawing.LABEL_WIDTH + (drawing.WIDTH - drawing.LABEL_WIDTH - drawing.RIGHT_PAD) / 2
+    plot = re.search(r'data-plot-x="([\d.]+)"', svg)
+    assert bar is not None and plot is not None
+    plot_x = float(plot.group(1))
+    middle = plot_x + (drawing.WIDTH - plot_x - drawing.RIGHT_PAD) / 2
     assert abs(float(bar.group(1)) - middle) < 0.2
 
 

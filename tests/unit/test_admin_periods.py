@@ -1,5 +1,6 @@
-"""The timeline's period logic as plain functions: history events -> who led when, and the
-gaps without a leader. No database, no templates (``django_leader.admin.periods``)."""
+"""The timeline's period logic as plain functions: history events -> who led when, the
+gaps without a leader, the time before the history begins, and the range fitted to a
+history. No database, no templates (``django_leader.admin.periods``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,18 @@ from datetime import datetime, timedelta, timezone
 
 from django_leader.admin.periods import (
     ENDS,
+    FITTED_MARGIN,
+    FITTED_MIN_SPAN,
+    NO_HISTORY,
+    NO_LEADER,
+    NOT_READ,
     STARTS,
+    Band,
     Change,
     Current,
     Period,
+    bands,
+    fitted_start,
     format_duration,
     gaps,
     holding_periods,
@@ -120,3 +129,49 @@ def test_format_duration_edges() -> None:
     assert format_duration(120) == "2 min 0 s"
     assert format_duration(7200) == "2 h"
     assert format_duration(48 * 3600) == "2 d"
+
+
+# -- the range fitted to a history, and what the leader lane shows without a term ----------
+
+
+def test_the_fitted_range_begins_just_before_the_first_event() -> None:
+    start = fitted_start(at(0), at(60))
+    assert start == at(-3)  # a margin of 5 % of the hour before the first event
+    assert at(-5) < start < at(0)
+
+
+def test_the_fitted_range_of_a_new_lease_spans_at_least_the_minimum() -> None:
+    now = at(0) + timedelta(seconds=2)
+    start = fitted_start(at(0), now)
+    assert now - start == FITTED_MIN_SPAN * (1 + FITTED_MARGIN)
+    assert fitted_start(None, now) == start  # no history at all: the minimum too
+
+
+def test_before_the_first_event_is_no_history_not_no_leader() -> None:
+    # A new lease, held since its first event: nothing red before it.
+    terms = [Period("alice", 1, at(0), None)]
+    assert bands(terms, at(-60), at(10), history_from=at(0)) == [Band(NO_HISTORY, at(-60), at(0))]
+    # A release, then a gap until the next holder: that gap is "no leader".
+    terms = [Period("alice", 1, at(0), at(5), "released"), Period("bob", 2, at(8), None)]
+    assert bands(terms, at(-60), at(10), history_from=at(0)) == [
+        Band(NO_HISTORY, at(-60), at(0)),
+        Band(NO_LEADER, at(5), at(8)),
+    ]
+
+
+def test_a_history_that_begins_before_the_range_has_no_no_history_band() -> None:
+    terms = [Period("alice", 1, at(-90), at(5), "released")]
+    assert bands(terms, at(-60), at(10), history_from=at(-90)) == [Band(NO_LEADER, at(5), at(10))]
+
+
+def test_a_lease_without_history_is_all_no_history() -> None:
+    assert bands([], at(0), at(10), history_from=None) == [Band(NO_HISTORY, at(0), at(10))]
+
+
+def test_history_not_read_comes_between_no_history_and_the_terms_read() -> None:
+    terms = [Period("alice", 7, at(4), None)]
+    assert bands(terms, at(0), at(10), history_from=at(1), read_from=at(3)) == [
+        Band(NO_HISTORY, at(0), at(1)),
+        Band(NOT_READ, at(1), at(3)),
+        Band(NO_LEADER, at(3), at(4)),
+    ]

@@ -1,0 +1,150 @@
+"""The dashboard: every lease on one page, with its leader, the candidates waiting, its last
+transition and its alerts (:mod:`~django_leader.admin.alerts`).
+
+Everything comes through the backend contract: the names (``names()``), each lease as the
+store says it is now (``read()``, by the store's clock), the candidates (``candidates()``)
+and the store's clock (``now()``); the last transition and the count of recent transitions
+come from the history (two queries on the ``name, -at, -id`` index per lease). At most
+:data:`~django_leader.admin.constants.DASHBOARD_LEASES` leases are read; a search narrows
+the list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+from urllib.parse import urlencode
+
+from django.contrib.admin.utils import quote
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext as _
+
+from ..conf import get_settings
+from ..exceptions import BackendUnavailable
+from ..models import LeaseEvent
+from . import alerts, periods
+from .constants import DASHBOARD_LEASES, FLAPPING_TRANSITIONS, FLAPPING_WINDOW
+from .store import Store
+
+if TYPE_CHECKING:
+    from .leases import LeaseAdmin
+
+
+@dataclass
+class LeaseRow:
+    """One lease as the dashboard shows it."""
+
+    name: str
+    url: str
+    history_url: str | None = None
+    #: Who holds it now ("" for nobody) and its token, by the store.
+    holder: str = ""
+    token: int | None = None
+    seconds_left: float | None = None
+    #: The candidates other than the holder; None if the store does not track them.
+    waiting: list[str] | None = None
+    last: LeaseEvent | None = None
+    #: Transitions (acquisitions, takeovers) within the flapping window.
+    transitions: int = 0
+    alerts: list[alerts.Alert] = field(default_factory=list)
+    #: Why the store could not be read for this lease ("" when it could).
+    error: str = ""
+
+    @property
+    def time_left(self) -> str:
+        """Until the lease expires, by the store's clock ("" when nobody holds it)."""
+        if self.seconds_left is None:
+            return ""
+        return periods.format_duration(self.seconds_left)
+
+
+def read_lease(
+    store: Store, name: str, now: datetime, url: str, history_url: str | None
+) -> LeaseRow:
+    """What the store and the history say about ``name`` now, with its alerts."""
+    row = LeaseRow(name, url, history_url)
+    events = LeaseEvent.objects.using(store.history_db).filter(name=name)
+    row.last = events.order_by("-at", "-id").first()
+    row.transitions = events.filter(kind__in=periods.STARTS, at__gt=now - FLAPPING_WINDOW).count()
+    try:
+        lease = store.backend.read(name)
+        candidates = store.backend.candidates(name)
+    except BackendUnavailable as exc:
+        row.error = str(exc)
+        return row
+    if lease is not None:
+        row.holder, row.token = lease.holder, lease.token
+        read_at = periods.utc(getattr(lease, "read_at", None) or now)
+        if lease.expires_at is not None:
+            row.seconds_left = (periods.utc(lease.expires_at) - read_at).total_seconds()
+    if candidates is not None:
+        row.waiting = [identity for identity in candidates if identity != row.holder]
+    last = None
+    if row.last is not None:
+        last = periods.Change(
+            row.last.kind, row.last.holder, int(row.last.token), periods.utc(row.last.at)
+        )
+    conf = get_settings().timing
+    found = [
+        alerts.no_leader(
+            holder=row.holder,
+            waiting=len(row.waiting or []),
+            last=last,
+            now=now,
+            grace=timedelta(seconds=conf.ttl + conf.retry_interval),
+        ),
+        alerts.flapping(row.transitions, window=FLAPPING_WINDOW, limit=FLAPPING_TRANSITIONS),
+    ]
+    row.alerts = [alert for alert in found if alert is not None]
+    return row
+
+
+def dashboard_view(model_admin: LeaseAdmin, request: HttpRequest) -> HttpResponse:
+    """Every lease (up to :data:`DASHBOARD_LEASES`, those matching ``?q=``), alerts first."""
+    store = Store.current()
+    site = model_admin.admin_site.name
+    query = request.GET.get("q", "").strip()
+    error = ""
+    try:
+        names = store.names()
+    except BackendUnavailable as exc:
+        names, error = [], str(exc)
+    total = len(names)
+    if query:
+        names = [name for name in names if query.lower() in name.lower()]
+    matching = len(names)
+    names = names[:DASHBOARD_LEASES]
+    now = periods.utc(store.now())
+    event_admin = model_admin.admin_site._registry.get(LeaseEvent)
+    history = event_admin is not None and event_admin.has_view_permission(request)
+    history_list = reverse("admin:django_leader_leaseevent_changelist", current_app=site)
+    rows = []
+    for name in names:
+        url = reverse("admin:django_leader_lease_change", args=[quote(name)], current_app=site)
+        history_url = f"{history_list}?{urlencode({'name': name})}" if history else None
+        rows.append(read_lease(store, name, now, url, history_url))
+    rows.sort(key=lambda row: (not row.alerts and not row.error, row.name))
+    conf = get_settings().timing
+    context = {
+        **model_admin.admin_site.each_context(request),
+        **store.header(),
+        "title": _("Leader election dashboard"),
+        "opts": model_admin.opts,
+        "rows": rows,
+        "query": query,
+        "total": total,
+        "matching": matching,
+        "shown": len(rows),
+        "leading": sum(1 for row in rows if row.holder),
+        "alerting": sum(1 for row in rows if row.alerts),
+        "store_error": error,
+        "grace": periods.format_duration(conf.ttl + conf.retry_interval),
+        "flapping_transitions": FLAPPING_TRANSITIONS,
+        "flapping_window": periods.format_duration(FLAPPING_WINDOW.total_seconds()),
+        "list_url": reverse("admin:django_leader_lease_changelist", current_app=site),
+    }
+    request.current_app = site
+    return TemplateResponse(request, "admin/django_leader/lease/dashboard.html", context)

@@ -1,0 +1,1 @@
+"""Template tags of django_leader's admin pages."""
