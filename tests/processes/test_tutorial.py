@@ -16,10 +16,10 @@ line, who prints what) is checked to be said there, then checked against what ha
 Timing is the tutorial's own (the default ``LEASE_TTL`` of 15 s): the module takes about
 two minutes, one virtualenv and pip's cache shared by all its tests. Redis
 (127.0.0.1:6379) and RabbitMQ (127.0.0.1:5672) are the pages' brokers: a test whose broker,
-or the package index, is unreachable is skipped with the reason, or fails under
-``DJANGO_LEADER_REQUIRE_SERVICES=1`` (CI). Each project's worker and beats use a queue of
-their own, the one line the test adds to the pages' settings, so that runs sharing a broker
-do not see each other's tasks.
+or the package index, is unreachable is skipped with the reason, or fails when
+``DJANGO_LEADER_REQUIRE_SERVICES=1`` or ``CI`` is set. Each project's worker and beats use a
+queue of their own, the one line the test adds to the pages' settings, so that runs sharing
+a broker do not see each other's tasks.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ TICKED = r"\] tick$"
 
 
 def require(what: str, problem: str | None) -> None:
+    """Skip with the reason, or fail where services are required (CI)."""
     if problem is None:
         return
-    if REQUIRE_SERVICES:
+    if REQUIRE_SERVICES or os.environ.get("CI"):
         pytest.fail(f"required service missing: {what}: {problem}")
     pytest.skip(f"service unavailable: {what}: {problem}")
 
