@@ -452,13 +452,14 @@ def test_howto_two_beats_with_django_celery_beat(
     DatabaseScheduler wrapped, its tables migrated, one beat sending."""
     steps = HOWTO.section("With `LeaderScheduler`")
     install, migrate_and_check, beat, status = steps.of("console")
-    (settings,) = steps.of("python")
+    settings = steps.of("python")  # the settings, and SQLite's transaction mode
     site = beat_site(venv, tmp, "beat-dcb")
     require("Redis broker", unreachable(broker_url(site), 6379))
     try:
         (command,) = install.commands()
         succeed(run(from_wheel(command, dist["wheel"]), site.dir, site.env))
-        site.apply(settings)
+        for block in settings:
+            site.apply(block)
         outcomes = [succeed(site.run(command)) for command in migrate_and_check.commands()]
         assert "System check identified no issues" in outcomes[-1].stdout
         with sqlite3.connect(site.dir / "db.sqlite3") as db:
