@@ -4,6 +4,7 @@
 #   make test    the test suite against SQLite, and PostgreSQL / MariaDB when reachable
 #   make lint    ruff (rules and format), mypy (package and tests), makemigrations --check
 #   make docs    the Sphinx documentation in docs/_build/html (warnings are errors)
+#   make dist    the sdist and the wheel in dist/, checked with twine check --strict
 #   make demo    election, crash, takeover and shutdown of three processes (SQLite only)
 #   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
 #   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
@@ -27,13 +28,14 @@ STAMP := $(VENV)/.installed
 MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint docs demo chaos compat compat-one clean distclean
+.PHONY: help venv test lint docs dist demo chaos compat compat-one clean distclean
 
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
 	@echo "make test       run the test suite (PYTEST_ARGS=... passes options to pytest)"
 	@echo "make lint       ruff check and format, mypy, makemigrations --check"
 	@echo "make docs       build the documentation into docs/_build/html (warnings are errors)"
+	@echo "make dist       build the sdist and the wheel into dist/ and check them with twine"
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
 	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
@@ -84,6 +86,15 @@ lint: venv
 # only on the first one after it changed.
 docs: venv
 	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
+
+# What a release would upload, and what the README says to install before the first one:
+# python -m build makes the sdist, then the wheel from the sdist (so a file missing from the
+# sdist is missing from the wheel too); twine checks their metadata and that the README
+# renders. tests/processes/test_tutorial.py builds them the same way and installs the wheel.
+dist: venv
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
 
 # One seeded run per store against a private instance of it; each writes
 # docs/chaos/<store>.md, .json and .png. Every store runs even if an earlier one failed.
