@@ -299,7 +299,7 @@ def check_celery_broker(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             f"CELERY_BROKER_URL is a Redis URL but {problem}: Celery workers and beats "
             "will fail to start.",
             hint='Install Celery with its Redis extra: pip install "celery[redis]" '
-            '(or "django-leader[celery,redis]").',
+            '(or "django-leader[celery-redis]").',
             id="django_leader.W014",
         )
     ]
