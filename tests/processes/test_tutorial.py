@@ -160,7 +160,8 @@ def test_the_distributions_pass_twine_check_and_say_what_ci_tests(dist: dict[str
         assert set(tracked.stdout.split()) <= names, set(tracked.stdout.split()) - names
     with tarfile.open(dist["sdist"]) as sdist:
         shipped = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    assert {"README.md", "pyproject.toml", "django_leader/py.typed"} <= shipped
+    assert {"README.md", "LICENSE", "pyproject.toml", "django_leader/py.typed"} <= shipped
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), names
 
     classifiers = meta.get_all("Classifier") or []
     assert set(classifiers) <= known, set(classifiers) - known
