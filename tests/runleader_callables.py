@@ -25,7 +25,7 @@ def stubborn(lease: Lease) -> None:
     """Ignores ``lease.lost``."""
     _note(f"start {lease.token}")
     while True:
-        time.sleep(0.1)
+        time.sleep(0.1)  # busy for ever, deaf to lease.lost
 
 
 def checking(lease: Lease) -> None:
@@ -33,7 +33,7 @@ def checking(lease: Lease) -> None:
     _note(f"start {lease.token}")
     while True:
         lease.check()
-        time.sleep(0.05)
+        time.sleep(0.05)  # one step of work
 
 
 def failing(lease: Lease) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tests.support.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 CELERY = str(Path(sys.executable).with_name("celery"))
 
@@ -64,21 +66,21 @@ class CeleryProcess:
     def wait_log(self, pattern: str, timeout: float, what: str = "") -> re.Match[str]:
         """The first match of ``pattern`` in the log, waiting up to ``timeout`` seconds."""
         regex = re.compile(pattern, re.MULTILINE)
-        give_up = time.monotonic() + timeout
-        while True:
+
+        def logged() -> re.Match[str] | None:
             found = regex.search(self.log())
-            if found:
-                return found
-            if self.proc.poll() is not None:
+            if not found and self.proc.poll() is not None:
                 raise AssertionError(
                     f"{self.label} exited ({self.proc.returncode}) before logging "
                     f"{what or pattern!r}:\n{self.tail()}"
                 )
-            if time.monotonic() >= give_up:
-                raise AssertionError(
-                    f"{self.label}: no {what or pattern!r} within {timeout:.0f}s:\n{self.tail()}"
-                )
-            time.sleep(0.05)
+            return found
+
+        return wait_until(
+            logged,
+            timeout=timeout,
+            message=lambda: f"{self.label}: no {what or pattern!r}:\n{self.tail()}",
+        )
 
     def count(self, pattern: str) -> int:
         return len(re.findall(pattern, self.log(), re.MULTILINE))
@@ -203,16 +205,15 @@ class Processes:
         timeout: float,
         what: str,
     ) -> list[dict]:
-        give_up = time.monotonic() + timeout
-        while True:
+        def enough() -> list[dict] | None:
             found = self.records(predicate)
-            if len(found) >= count:
-                return found
-            if time.monotonic() >= give_up:
-                raise AssertionError(
-                    f"{len(found)} of {count} {what} within {timeout:.0f}s\n{self.describe()}"
-                )
-            time.sleep(0.05)
+            return found if len(found) >= count else None
+
+        return wait_until(
+            enough,
+            timeout=timeout,
+            message=lambda: f"{len(self.records(predicate))} of {count} {what}\n{self.describe()}",
+        )
 
     def describe(self, processes: Iterable[CeleryProcess] | None = None) -> str:
         parts = []

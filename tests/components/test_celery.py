@@ -37,6 +37,7 @@ from django_leader.lease import LossReason, clock
 from django_leader.term import resolve_backend
 from testproject.celery import app as project_app  # noqa: F401
 from tests.support.stores import stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = [stores_db]
 
@@ -102,10 +103,11 @@ def loses_its_lease(name: str, intruder: str) -> dict[str, Any]:
     backend = resolve_backend(None)
     backend.force_release(lease.name)
     noticed = lease.lost.wait(10)  # the next renewal is refused
-    give_up = time.monotonic() + 10
-    while backend.acquire(lease.name, intruder, 30)[0] is None:  # once the term has ended
-        assert time.monotonic() < give_up
-        time.sleep(0.05)
+    wait_until(  # once the term has ended
+        lambda: backend.acquire(lease.name, intruder, 30)[0],
+        timeout=10,
+        message=f"{intruder} could not take the lease",
+    )
     try:
         lease.check()
     except LeadershipLost as exc:
@@ -528,7 +530,7 @@ def test_a_lazy_scheduler_does_not_campaign(store: Any, tmp_path: Path) -> None:
     banner = service.get_scheduler(lazy=True)
     assert banner.elector is None
     assert lease_name in banner.info and "PersistentScheduler" in banner.info
-    time.sleep(0.2)
+    time.sleep(0.2)  # nothing comes: a campaign would have taken the free lease by then
     assert store.read(lease_name) is None
 
 
@@ -747,10 +749,18 @@ def test_slot_times_are_the_stores_a_skewed_beat_clock_does_not_shift_the_schedu
     inner = lead(second)
     adopted = inner.schedule["every-two-seconds"].last_run_at
     assert abs((adopted - record.at).total_seconds()) < 1
+
+    def next_slot_sent() -> bool:  # the beat's loop, tick after tick
+        if len(sent.messages) < 2:
+            second.tick()
+        return len(sent.messages) >= 2
+
     # Due again two seconds after the recorded slot, by this beat's (right) clock: sent once.
-    give_up = time.monotonic() + 15
-    while len(sent.messages) < 2:
-        assert time.monotonic() < give_up, "the next leader does not send the next slot"
-        time.sleep(max(0.0, min(0.1, second.tick())))
+    wait_until(
+        next_slot_sent,
+        timeout=15,
+        interval=0.1,
+        message="the next leader does not send the next slot",
+    )
     gap = datetime.fromisoformat(sent.messages[1].options["headers"]["django_leader_slot"])
     assert 2.0 <= (gap - record.at).total_seconds() < 10

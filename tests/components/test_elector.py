@@ -15,6 +15,7 @@ from django_leader.models import Lease as LeaseRow
 from django_leader.models import LeaseEvent
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
@@ -90,7 +91,7 @@ def test_work_gets_lease_and_is_waited_for(
         lease.lost.wait()
         # Still winding down: the lease must not be handed on yet.
         seen["held_while_winding_down"] = backend.read(lease_name)
-        time.sleep(0.3)
+        time.sleep(0.3)  # winding down takes a moment; stop() must wait for it
         finished.set()
 
     elector = start(electors, Elector(lease_name, identity="w", backend=backend, **FAST), work)
@@ -160,7 +161,7 @@ def test_steps_down_at_deadline_while_renew_hangs(
     with pytest.raises(Exception, match="lost"):
         lease.check()
     faulty.unblock.set()  # the hung call returns; the lease must not come back to life
-    time.sleep(0.3)
+    assert faulty.hung_renew_returned.wait(WAIT)
     assert not lease.held
 
 
@@ -173,9 +174,11 @@ def test_transient_renew_errors_are_retried(
     token = elector.lease.token
     faulty.fail_renew = 1
     calls = faulty.renew_calls
-    give_up = time.monotonic() + WAIT
-    while faulty.renew_calls < calls + 3 and time.monotonic() < give_up:
-        time.sleep(0.05)
+    wait_until(
+        lambda: faulty.renew_calls >= calls + 3,
+        timeout=WAIT,
+        message=lambda: f"{faulty.renew_calls - calls} renewals since the failure",
+    )
     assert faulty.fail_renew == 0
     assert elector.is_leader and elector.lease.token == token
 
@@ -201,14 +204,13 @@ def test_force_release_makes_holder_step_down(
         backend.force_release(lease_name, actor="ops")
         assert lease.lost.wait(WAIT)
         assert "refused" in lease.lost_reason
-        give_up = time.monotonic() + WAIT
-        while not lost_signals and time.monotonic() < give_up:
-            time.sleep(0.02)
+        wait_until(lambda: lost_signals, timeout=WAIT, message="no leader_lost signal")
         assert lost_signals == [lease]
-        give_up = time.monotonic() + WAIT
-        while "lost" not in [event[0] for event in history(backend, lease_name)]:
-            assert time.monotonic() < give_up, "no lost event recorded"
-            time.sleep(0.05)
+        wait_until(
+            lambda: "lost" in [event[0] for event in history(backend, lease_name)],
+            timeout=WAIT,
+            message="no lost event recorded",
+        )
     finally:
         signals.leader_lost.disconnect(receiver)
 
@@ -242,18 +244,17 @@ def test_signals_and_new_leader_callback(
                 **FAST,
             ),
         )
-        give_up = time.monotonic() + WAIT
-        while not observed and time.monotonic() < give_up:
-            time.sleep(0.02)
+        wait_until(lambda: observed, timeout=WAIT, message="on_new_leader never called")
         assert observed[:1] == ["leader"]
         leader.stop()
         assert follower.wait_for_leadership(WAIT)
         assert observed[-1] == "follower"
         # leader_elected is sent just after wait_for_leadership() can return: wait for it.
-        give_up = time.monotonic() + WAIT
-        while not any(r[0] == "elected" and r[1] is follower for r in received):
-            assert time.monotonic() < give_up, received
-            time.sleep(0.01)
+        wait_until(
+            lambda: any(r[0] == "elected" and r[1] is follower for r in received),
+            timeout=WAIT,
+            message=lambda: received,
+        )
         # The two electors' signals may interleave; each one's own come in order.
         mine = [r for r in received if r[1] is leader]
         token = mine[0][2]
@@ -292,15 +293,17 @@ def test_followers_are_listed_as_candidates_until_they_stop(
         held = backend.read(lease_name)
         return [i for i in backend.candidates(lease_name) if held is None or i != held.holder]
 
-    give_up = time.monotonic() + WAIT
-    while waiting() != ["c-follower-0", "c-follower-1"]:
-        assert time.monotonic() < give_up, backend.candidates(lease_name)
-        time.sleep(0.05)
+    wait_until(
+        lambda: waiting() == ["c-follower-0", "c-follower-1"],
+        timeout=WAIT,
+        message=lambda: backend.candidates(lease_name),
+    )
     followers[0].stop(timeout=WAIT)  # withdraws, not only lets its candidacy expire
-    give_up = time.monotonic() + 2.0  # well before its candidacy would expire (6 s)
-    while waiting() != ["c-follower-1"]:
-        assert time.monotonic() < give_up, backend.candidates(lease_name)
-        time.sleep(0.05)
+    wait_until(
+        lambda: waiting() == ["c-follower-1"],
+        timeout=2.0,  # well before its candidacy would expire (6 s)
+        message=lambda: backend.candidates(lease_name),
+    )
     leader.stop(timeout=WAIT)  # the follower takes over; the old leader is no candidate
     assert followers[1].wait_for_leadership(WAIT)
     assert "c-leader" not in backend.candidates(lease_name)
@@ -423,6 +426,11 @@ def test_failed_announcement_backs_off_with_one_warning(caplog: pytest.LogCaptur
 
     class NoCandidates(MemoryBackend):
         announced = 0
+        attempts = 0
+
+        def acquire(self, name: str, holder: str, ttl: float) -> Any:
+            self.attempts += 1
+            return super().acquire(name, holder, ttl)
 
         def announce(self, name: str, identity: str, ttl: float) -> None:
             self.announced += 1
@@ -432,7 +440,13 @@ def test_failed_announcement_backs_off_with_one_warning(caplog: pytest.LogCaptur
     store.pin("busy")  # held elsewhere for ever: the elector stays a follower
     elector = Elector("busy", backend=store, ttl=1.5, renew_interval=0.3, retry_interval=0.05)
     elector.start()
-    time.sleep(1.5)  # some 30 campaign attempts
+    # Some 30 campaign attempts, each after a retry_interval: more than two
+    # announcement periods (ttl / 3) pass meanwhile.
+    wait_until(
+        lambda: store.attempts >= 30,
+        timeout=WAIT,
+        message=lambda: f"{store.attempts} campaign attempts",
+    )
     elector.stop(timeout=WAIT)
     assert store.announced == 1
     warnings = [r for r in caplog.records if "could not announce" in r.getMessage()]
@@ -494,14 +508,15 @@ def test_loss_seen_first_by_a_reader_is_still_reported(
     assert elector.wait_for_leadership(WAIT)
     lease = elector.lease
     faulty.hang_renew.set()
-    while lease.held:  # this thread races the renewer to see the deadline pass
-        time.sleep(0.001)
+    # This thread races the renewer to see the deadline pass.
+    wait_until(lambda: not lease.held, timeout=WAIT, interval=0.001, message="still held")
     assert lost.wait(WAIT)
     faulty.unblock.set()
-    give_up = time.monotonic() + WAIT
-    while "lost" not in [event[0] for event in history(backend, lease_name)]:
-        assert time.monotonic() < give_up, "no lost event recorded"
-        time.sleep(0.05)
+    wait_until(
+        lambda: "lost" in [event[0] for event in history(backend, lease_name)],
+        timeout=WAIT,
+        message="no lost event recorded",
+    )
 
 
 def test_unexpected_store_error_does_not_end_the_campaign(

@@ -14,6 +14,7 @@ import pytest
 from django_leader import LeadershipLost, LeaseHeld, lock
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 WAIT = 10.0
@@ -157,16 +158,17 @@ def test_one_lock_object_used_by_several_threads(backend: Any, lease_name: str) 
 
 # -- reentrancy is per thread and per asyncio task, never across a fork (defect 9) ----------
 def _wait_child(pid: int, timeout: float = WAIT) -> int:
-    give_up = time.monotonic() + timeout
-    while True:
+    def reaped() -> tuple[int, int] | None:
         done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() >= give_up:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("forked child did not finish")
-        time.sleep(0.02)
+        return (done, status) if done else None
+
+    try:
+        _, status = wait_until(reaped, timeout=timeout, message="forked child did not finish")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(status)
 
 
 def test_forked_child_does_not_reenter_its_parents_lock(backend: Any, lease_name: str) -> None:

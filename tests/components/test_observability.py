@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from django_leader import Elector, LeaseHeld, lock
 from django_leader.backends.base import Backend
 from django_leader.testing import MemoryBackend, leader_backend, override_leader
 from tests.support.stores import stores_db
+from tests.support.waiting import wait_until
 
 FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
 WAIT = 10.0
@@ -103,10 +103,12 @@ def test_metrics_show_is_leader_flip(leader_backend: MemoryBackend) -> None:
     elector.start()
     try:
         assert elector.wait_for_leadership(WAIT)
-        give_up = time.monotonic() + WAIT  # the gauge follows leader_elected, sent just after
-        while is_leader("metered") != 1.0:
-            assert time.monotonic() < give_up, is_leader("metered")
-            time.sleep(0.02)
+        # The gauge follows leader_elected, sent just after.
+        wait_until(
+            lambda: is_leader("metered") == 1.0,
+            timeout=WAIT,
+            message=lambda: f"django_leader_is_leader: {is_leader('metered')}",
+        )
         renewed = threading.Event()
         from django_leader import hooks
 

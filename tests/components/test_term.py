@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,19 +30,11 @@ from django_leader.lease import LossReason
 from django_leader.term import Term, attempt, call_bound
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
 WAIT = 10.0
-
-
-def until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= give_up:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 class Slow(FaultyBackend):
@@ -55,7 +47,7 @@ class Slow(FaultyBackend):
         self.releases = 0
 
     def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
-        time.sleep(self.acquire_delay)  # the request reaches the store late
+        time.sleep(self.acquire_delay)  # the fault itself: the request reaches the store late
         return self.real.acquire(name, holder, ttl)
 
     def release(self, lease: Lease) -> bool:
@@ -154,7 +146,9 @@ def test_a_lost_term_is_signalled_once_by_the_renewer(backend: Backend, lease_na
         term.begin()
         assert backend.force_release(lease_name, actor="test") is not None
         assert lease.lost.wait(WAIT)
-        assert until(lambda: lost == [lease])
+        wait_until(
+            lambda: lost == [lease], timeout=WAIT, message=lambda: f"leader_lost sent with {lost}"
+        )
         assert term.step_down(LossReason.STOPPED) is False  # lost, not a choice
         assert term.end() is False
     caller.close()
@@ -216,9 +210,13 @@ def test_grant_answered_after_the_attempt_gave_up_is_handed_back_once(
     with pytest.raises(TimeoutError):
         attempt(store, caller, lease_name, "late", timing, 0.1, "test")
     caller.close()  # the hung call goes on on its own thread, and hands the grant back
-    assert until(lambda: store.releases == 1)
-    assert until(lambda: kinds(backend, lease_name) == [("acquired", "late"), ("released", "late")])
-    time.sleep(0.2)  # nothing more comes
+    wait_until(lambda: store.releases == 1, timeout=WAIT, message="the grant was not handed back")
+    wait_until(
+        lambda: kinds(backend, lease_name) == [("acquired", "late"), ("released", "late")],
+        timeout=WAIT,
+        message=lambda: f"history: {kinds(backend, lease_name)}",
+    )
+    time.sleep(0.2)  # nothing more comes: a second hand-back would show within it
     assert store.releases == 1 and backend.read(lease_name) is None
 
 
@@ -230,7 +228,7 @@ def test_fenced_follows_a_held_lease_not_a_snapshot(backend: Backend, lease_name
     term = Term(backend, lease, timing, caller, sender=None, label="test")
     term.begin()
     first = lease.expires_at
-    assert until(lambda: lease.expires_at != first), "no renewal"
+    wait_until(lambda: lease.expires_at != first, timeout=WAIT, message="no renewal")
     copy = dataclasses.replace(lease)
     snapshot = backend.read(lease_name)
     assert snapshot is not None and snapshot.token == lease.token

@@ -16,7 +16,6 @@ import select
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,20 +27,12 @@ from django_leader import BackendUnavailable, Elector, LeaseHeld, lock
 from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
 from tests.support.stores import history, require, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
 WAIT = 10.0  # generous bound for anything that should happen "soon"
 TTL = 1.5
-
-
-def until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= give_up:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 class FreezingProxy:
@@ -269,7 +260,7 @@ def test_acquisition_given_up_then_answered_late_is_handed_back(
 
     handed_back = [("acquired", "other"), ("released", "other")]
     handed_back += [("acquired", "late"), ("released", "late")]
-    assert until(lambda: kinds() == handed_back), kinds()
+    wait_until(lambda: kinds() == handed_back, timeout=WAIT, message=kinds)
     assert direct.read(lease_name) is None
     direct.close()
 
@@ -283,7 +274,7 @@ def test_lock_exit_does_not_hang_after_its_connection_froze(
 
     def scenario() -> Any:
         with lock(lease_name, ttl=TTL, backend=store) as lease:
-            assert until(renewed(lease)), "no renewal"
+            wait_until(renewed(lease), timeout=WAIT, message="no renewal")
             proxy.freeze_existing()
             assert lease.lost.wait(WAIT), "lease not lost although its renewals hang"
         with lock(lease_name, ttl=TTL, timeout=WAIT, backend=store) as again:
@@ -304,12 +295,15 @@ def test_elector_is_elected_again_while_its_old_connection_stays_frozen(
     try:
         assert elector.wait_for_leadership(WAIT)
         first = elector.lease
-        assert first is not None and until(renewed(first))
+        assert first is not None
+        wait_until(renewed(first), timeout=WAIT, message="no renewal")
         proxy.freeze_existing()
         assert first.lost.wait(WAIT), "leadership not lost although renewals hang"
         # The campaign must not queue behind the hung renewal: it runs on a new
         # connection, and wins once the store expired the old lease.
-        assert until(lambda: elector.lease is not None, 3 * WAIT), "never elected again"
+        wait_until(
+            lambda: elector.lease is not None, timeout=3 * WAIT, message="never elected again"
+        )
         assert elector.lease is not None and elector.lease.token > first.token
     finally:
         stopped, _ = in_thread(lambda: elector.stop(timeout=WAIT))
@@ -343,7 +337,7 @@ def test_lock_survives_a_frozen_postgresql_backend_process(lease_name: str) -> N
 
         def scenario() -> Any:
             with lock(lease_name, ttl=TTL, backend=store) as lease:
-                assert until(renewed(lease)), "no renewal"
+                wait_until(renewed(lease), timeout=WAIT, message="no renewal")
                 assert pids, "no connection seen"
                 for pid in list(pids):
                     os.kill(pid, signal.SIGSTOP)
@@ -377,12 +371,16 @@ def test_elector_survives_a_frozen_postgresql_backend_process(lease_name: str) -
         try:
             assert elector.wait_for_leadership(WAIT)
             first = elector.lease
-            assert first is not None and until(renewed(first)) and pids
+            assert first is not None
+            wait_until(renewed(first), timeout=WAIT, message="no renewal")
+            assert pids
             for pid in list(pids):
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
             assert first.lost.wait(WAIT)
-            assert until(lambda: elector.lease is not None, 3 * WAIT), "never elected again"
+            wait_until(
+                lambda: elector.lease is not None, timeout=3 * WAIT, message="never elected again"
+            )
         finally:
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):

@@ -4,7 +4,6 @@ suite and the shipped ``MemoryBackend``; below it, what only the database stores
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from django_leader.lease import clock
 from django_leader.testing import MemoryBackend
 from django_leader.testing.contract import BackendContract, wait_until_expired
 from tests.support.stores import stores_db, wipe
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
@@ -125,7 +125,13 @@ def test_fenced_uses_statement_time_inside_callers_transaction(
     with transaction.atomic(using=db_backend.alias):
         with connections[db_backend.alias].cursor() as cursor:
             cursor.execute("SELECT 1")  # the transaction has begun
-        time.sleep(TTL + 0.3)
+        # Expired in the store (read on the backend's own connection, outside this
+        # transaction), while the transaction stays open.
+        wait_until(
+            lambda: db_backend.read(lease_name) is None,
+            timeout=TTL + 10,
+            message="the lease never expired in the store",
+        )
         lease.deadline = clock() + 60  # pretend the local deadline missed it
         with pytest.raises(LeadershipLost), lease.fenced():
             pytest.fail("fenced() passed an expired lease")

@@ -31,6 +31,7 @@ from django_leader.backends.db import FENCE_FLOOR, DatabaseBackend
 from django_leader.lease import Lease, clock
 from django_leader.models import LeaseEvent
 from tests.support.stores import DATABASE_STORES, require, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
@@ -169,29 +170,31 @@ def test_holder_frozen_inside_fenced_does_not_block_takeover(
     from testproject.demoapp.models import FencedWrite
 
     freezing = frozen_holder.wait_for("freezing", STARTUP)
-    give_up = time.monotonic() + PATIENCE
-    while not frozen_holder.stopped():
-        assert time.monotonic() < give_up, "the holder did not stop"
-        time.sleep(0.01)
+    wait_until(
+        frozen_holder.stopped, timeout=PATIENCE, interval=0.01, message="the holder did not stop"
+    )
 
     # The holder sits stopped in its open transaction, the lease row locked. The server
     # must end that transaction by the end of the lease; then the follower takes over.
     follower = DatabaseBackend(server_alias, timeout=1.0)
     bound = TTL + RETRY + FENCE_FLOOR + 5.0
-    started = time.monotonic()
-    lease = None
     errors: list[str] = []
+
+    def taken_over() -> Lease | None:
+        try:
+            return follower.acquire(lease_name, "follower", TTL)[0]
+        except BackendUnavailable as exc:
+            errors.append(str(exc))
+            return None
+
     try:
-        while lease is None and time.monotonic() - started < bound:
-            try:
-                lease, _ = follower.acquire(lease_name, "follower", TTL)
-            except BackendUnavailable as exc:
-                errors.append(str(exc))
-            if lease is None:
-                time.sleep(RETRY)
-        assert lease is not None, (
-            f"no takeover within {bound:.1f}s of a holder frozen inside fenced(); "
-            f"last errors: {errors[-2:]}"
+        lease = wait_until(
+            taken_over,
+            timeout=bound,
+            interval=RETRY,
+            message=lambda: (
+                f"no takeover of a holder frozen inside fenced(); last errors: {errors[-2:]}"
+            ),
         )
         assert lease.token == freezing["token"] + 1
     finally:
@@ -246,8 +249,8 @@ def test_fenced_holds_off_a_takeover_only_within_the_lease(db_alias: str, lease_
             thief.join(0.5)
             # Blocked behind our row lock, failed, or refused: never taken while we write.
             assert thief.is_alive() or not isinstance(outcome[0], Lease)
-            while lease.held:  # the work takes longer than the lease
-                time.sleep(0.05)
+            # The work takes longer than the lease.
+            wait_until(lambda: not lease.held, timeout=PATIENCE, message="still held")
         assert not FencedWrite.objects.using(db_alias).filter(writer="alice").exists()
     finally:
         thief.join(PATIENCE)
@@ -325,13 +328,11 @@ def test_deleted_row_is_held_by_nobody_for_the_lock_delay(
         assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
         assert backend.read(lease_name) is None
 
-        give_up = time.monotonic() + 1.0 + 10.0
-        second = None
-        while second is None:
-            assert time.monotonic() < give_up, "never acquired after the lock-delay"
-            second, _ = backend.acquire(lease_name, "second", 1.0)
-            if second is None:
-                time.sleep(0.05)
+        second = wait_until(
+            lambda: backend.acquire(lease_name, "second", 1.0)[0],
+            timeout=1.0 + 10.0,
+            message="never acquired after the lock-delay",
+        )
         assert second.token == first.token + 1
         # The lock-delay was served: the term began after first's whole ttl.
         assert first.acquired_at is not None and second.acquired_at is not None

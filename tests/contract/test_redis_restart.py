@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from django.test import override_settings
 
 from django_leader import BackendUnavailable, Elector
 from tests.support.stores import REQUIRE_SERVICES, answered, history, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
@@ -36,14 +36,13 @@ TTL = 2.0
 
 def acquire_when_allowed(backend: Any, name: str, holder: str, ttl: float = TTL) -> Any:
     """Acquire ``name`` as soon as the store lets anyone (after its lock-delay)."""
-    give_up = time.monotonic() + WAIT
-    while True:
+
+    def taken() -> Any:
         acquired, current = answered(backend.acquire, name, holder, ttl, timeout=WAIT)
-        if acquired is not None:
-            return acquired
-        assert current is None, f"{name} unexpectedly held by {current}"
-        assert time.monotonic() < give_up, f"{name} was never free to take"
-        time.sleep(0.05)
+        assert acquired is not None or current is None, f"{name} unexpectedly held by {current}"
+        return acquired
+
+    return wait_until(taken, timeout=WAIT, message=f"{name} was never free to take")
 
 
 class RedisServer:
@@ -70,17 +69,16 @@ class RedisServer:
              "--appendonly", "no", "--dir", str(self.workdir), "--dbfilename", dbfilename],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        give_up = time.monotonic() + WAIT
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < give_up, "redis-server did not start"
-            time.sleep(0.05)
+        wait_until(self.answers, timeout=WAIT, message="redis-server did not start")
+
+    def answers(self) -> bool:
+        """True if the server answers PING."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def crash(self) -> None:
         """SIGKILL: what a crash or an OOM kill does; nothing is saved."""
@@ -270,10 +268,9 @@ def test_no_two_electors_lead_when_redis_forgets(
             server.start()
         else:
             backend.client.flushdb()
-        give_up = time.monotonic() + WAIT
-        while len(elections) == before:
-            assert time.monotonic() < give_up, "nobody was elected again"
-            time.sleep(0.05)
+        wait_until(
+            lambda: len(elections) > before, timeout=WAIT, message="nobody was elected again"
+        )
         at, holder, token = elections[before]
         assert lease.lost.is_set()
         # Whatever the old leader heard, it had stopped believing by its deadline, which

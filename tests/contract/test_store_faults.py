@@ -18,6 +18,7 @@ from django.db import connections
 
 from django_leader import Elector
 from tests.support.stores import answered, open_store, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
@@ -87,7 +88,9 @@ def test_leader_keeps_its_term_when_the_store_drops_every_connection(
         assert elector.wait_for_leadership(WAIT)
         lease = elector.lease
         assert lease is not None
-        time.sleep(1.0)  # the renewer's connection is open and idle
+        # A renewal went through: the renewer's connection is open, and idle till the next.
+        granted = lease.renewed_at
+        wait_until(lambda: lease.renewed_at != granted, timeout=WAIT, message="no renewal")
 
         assert drop_connections(backend) >= 1
         # This test's connection died too: a few quick tries while it reconnects.
@@ -95,7 +98,8 @@ def test_leader_keeps_its_term_when_the_store_drops_every_connection(
         assert dropped_at is not None
 
         # Renewals go on over new connections: the same term, renewed after the kill,
-        # and well past the TTL that a failed renewal would have let run out.
+        # and well past the TTL that a failed renewal would have let run out (a fixed
+        # sleep: holding on that long is what is tested).
         time.sleep(TIMING["ttl"] + 1.0)
         assert elector.is_leader and not lease.lost.is_set(), lease.lost_reason
         now = backend.read(lease_name)

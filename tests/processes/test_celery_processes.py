@@ -35,6 +35,7 @@ from django.db import connections
 from testproject.celery import app as project_app  # noqa: F401  (the current app)
 from tests.celeryprocs import STARTUP, CeleryProcess, Processes
 from tests.support.stores import REQUIRE_SERVICES, require, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.multiprocess, stores_db]
 
@@ -161,17 +162,19 @@ def first_to_log(
     import re
 
     regex = re.compile(pattern, re.MULTILINE)
-    give_up = time.monotonic() + timeout
-    while True:
+
+    def logged() -> CeleryProcess | None:
         for process in processes:
             if regex.search(process.log()):
                 return process
         for process in processes:
             assert process.alive, f"{process.label} exited:\n{process.tail()}"
-        assert time.monotonic() < give_up, f"no {what} within {timeout:.0f}s:\n" + "\n".join(
-            f"--- {p.label}:\n{p.tail()}" for p in processes
-        )
-        time.sleep(0.05)
+        return None
+
+    def logs() -> str:
+        return f"no {what}:\n" + "\n".join(f"--- {p.label}:\n{p.tail()}" for p in processes)
+
+    return wait_until(logged, timeout=timeout, message=logs)
 
 
 def identity_of(beat: CeleryProcess, lease: str) -> str:
@@ -179,13 +182,16 @@ def identity_of(beat: CeleryProcess, lease: str) -> str:
 
 
 def wait_lease(store: Any, name: str, holder: str, timeout: float) -> Any:
-    give_up = time.monotonic() + timeout
-    while True:
+    def held() -> Any:
         lease = store.read(name)
-        if lease is not None and lease.holder == holder:
-            return lease
-        assert time.monotonic() < give_up, f"{holder} does not hold {name!r}: {lease}"
-        time.sleep(0.02)
+        return lease if lease is not None and lease.holder == holder else None
+
+    return wait_until(
+        held,
+        timeout=timeout,
+        interval=0.02,
+        message=lambda: f"{holder} does not hold {name!r}: {store.read(name)}",
+    )
 
 
 def slot_time(event: dict[str, Any]) -> float:
@@ -455,9 +461,12 @@ def test_singleton_revoked_with_terminate_releases_at_once(
         assert held is not None and held.holder.startswith(f"{result.id}@")
         revoked_at = time.monotonic()
         result.revoke(terminate=True)
-        while store.read(name) is not None:
-            assert time.monotonic() - revoked_at < 10, "the lock of a terminated task was kept"
-            time.sleep(0.02)
+        wait_until(
+            lambda: store.read(name) is None,
+            timeout=revoked_at + 10 - time.monotonic(),
+            interval=0.02,
+            message="the lock of a terminated task was kept",
+        )
         freed_after = time.monotonic() - revoked_at
         assert freed_after < 10 < 60  # released, not expired (ttl 60 s)
         assert not procs.records(lambda e: e.get("tag") == run and e["ev"] == "end")
@@ -487,9 +496,12 @@ def test_worker_killed_mid_task_its_lock_expires_after_ttl(
         doomed.kill()  # the worker and its pool, at once
         # Until the lease expires the lock holds: another worker skips the task.
         assert singleton_hold.apply_async((run, 0), queue=queue).get(timeout=30) is None
-        while store.read(name) is not None:
-            assert time.monotonic() - killed_at < 3.0 + 2.0, "the lock outlived its ttl"
-            time.sleep(0.02)
+        wait_until(
+            lambda: store.read(name) is None,
+            timeout=killed_at + 3.0 + 2.0 - time.monotonic(),
+            interval=0.02,
+            message="the lock outlived its ttl",
+        )
         assert singleton_hold.apply_async((run, 0), queue=queue).get(timeout=30) is not None
     finally:
         with contextlib.suppress(Exception):
@@ -722,9 +734,12 @@ def test_singleton_past_its_hard_time_limit_frees_its_lock_at_once(
         assert held is not None and held.holder.startswith(f"{result.id}@")
         with pytest.raises(TimeLimitExceeded):
             result.get(timeout=30)
-        while store.read(name) is not None:
-            assert time.monotonic() - started < 20, "the lock outlived the time limit"
-            time.sleep(0.02)
+        wait_until(
+            lambda: store.read(name) is None,
+            timeout=started + 20 - time.monotonic(),
+            interval=0.02,
+            message="the lock outlived the time limit",
+        )
         assert time.monotonic() - started < 20 < 60  # released, not expired (ttl 60 s)
         assert singleton_time_limited.apply_async((run, 0), queue=queue).get(timeout=30) is not None
     finally:
@@ -768,8 +783,7 @@ def test_a_beat_stuck_on_a_frozen_database_connection_resigns(
         ) as admin:
             # The beat thread's connection is the one whose last statement touched the slot
             # records (the elector's own connection only touches the lease tables).
-            give_up = time.monotonic() + 10
-            while frozen is None:
+            def idle_slot_connection() -> int | None:
                 rows = admin.execute(
                     "SELECT pid FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
                     "AND client_port = ANY(%s) AND query LIKE %s",
@@ -779,12 +793,15 @@ def test_a_beat_stuck_on_a_frozen_database_connection_resigns(
                         f"%{BeatSlot._meta.db_table}%",
                     ],
                 ).fetchall()
-                if rows:
-                    frozen = int(rows[0][0])
-                    os.kill(frozen, signal.SIGSTOP)
-                else:
-                    assert time.monotonic() < give_up, "no idle slot-record connection found"
-                    time.sleep(0.02)
+                return int(rows[0][0]) if rows else None
+
+            frozen = wait_until(
+                idle_slot_connection,
+                timeout=10,
+                interval=0.02,
+                message="no idle slot-record connection found",
+            )
+            os.kill(frozen, signal.SIGSTOP)
         frozen_at = time.time()
         other.wait_log(leads, 3 * TTL + TAKEOVER_BOUND + 20, "taking over")
         after = wait_entry_slots(procs, entry, frozen_at, 3, 3 * TTL + TAKEOVER_BOUND + 30)

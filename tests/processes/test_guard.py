@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from django_leader import guard as guard_module
+from tests.support.waiting import wait_until
 
 GUARD = [sys.executable, guard_module.__file__]
 
@@ -21,16 +22,6 @@ def guard(*args: str, stdin: int | None = subprocess.PIPE) -> subprocess.Popen[s
 def deadline_in(seconds: float) -> str:
     """An absolute deadline on the guard's clock, as runleader sends it."""
     return repr(guard_module.clock() + seconds)
-
-
-def wait_for(condition: object, what: str, timeout: float = 15.0) -> object:
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def children(pid: int) -> list[int]:
@@ -107,11 +98,11 @@ def test_a_deadline_that_passed_in_the_pipe_kills_at_once() -> None:
 def test_the_payload_dies_with_its_guard() -> None:
     """SIGKILL of the guard: the payload gets SIGKILL from the kernel (parent-death signal)."""
     proc = guard("--deadline", deadline_in(60), "--grace", "30", "--", "sleep", "60")
-    payload = wait_for(lambda: children(proc.pid), "the payload")[0]  # type: ignore[index]
+    payload = wait_until(lambda: children(proc.pid), timeout=15, message="no payload started")[0]
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        wait_for(lambda: not alive(payload), "the payload to die", timeout=10)
+        wait_until(lambda: not alive(payload), timeout=10, message="the payload did not die")
     finally:
         if alive(payload):
             os.kill(payload, signal.SIGKILL)

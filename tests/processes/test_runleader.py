@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tests.support.stores import (
     open_store,
     stores_db,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = [stores_db, pytest.mark.multiprocess]
 
@@ -30,6 +32,8 @@ TTL, RENEW, RETRY, GRACE = 3.0, 0.5, 0.3, 1.0
 TIMING = ["--ttl", str(TTL), "--renew-interval", str(RENEW), "--retry-interval", str(RETRY)]
 WAIT = 15.0
 STORES = ["sqlite", "postgresql", "mysql", "redis"]
+#: An environment variable that marks the processes of one Fleet, and those they start.
+FLEET_MARK = "DJANGO_LEADER_TEST_FLEET"
 
 
 @pytest.fixture(params=STORES)
@@ -45,13 +49,14 @@ class Fleet:
         self.backend = backend
         self.tmp = tmp
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.mark = uuid.uuid4().hex
 
     def start(self, identity: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{identity}.log", "wb")  # noqa: SIM115 - closed with the test
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "runleader", "--identity", identity, *args],
             cwd=ROOT,
-            env=child_env(self.backend, **env),
+            env=child_env(self.backend, **{FLEET_MARK: self.mark}, **env),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -81,19 +86,42 @@ class Fleet:
                 proc.kill()
             proc.wait()
 
+    def running(self) -> list[int]:
+        """The processes still running that this fleet started, directly or not: guards
+        and payloads inherit the environment, and with it this fleet's mark."""
+        mark = f"{FLEET_MARK}={self.mark}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:  # not a process, gone, or not ours to read
+                continue
+            if mark in environ.split(b"\0") and alive(int(entry)):
+                found.append(int(entry))
+        return found
+
 
 @pytest.fixture
 def fleet(store: Any, tmp_path: Path) -> Iterator[Fleet]:
     group = Fleet(store, tmp_path)
     yield group
     group.stop_all()
-    # Payloads whose guard was killed with the test's runleaders die at their deadline.
-    time.sleep(TTL)
+    # The guards of the killed runleaders stop their payloads: at once when they see their
+    # pipe close, at the lease's deadline at the latest.
+    wait_until(
+        lambda: not group.running(),
+        timeout=WAIT,
+        message=lambda: f"left running: {group.running()}",
+    )
 
 
 def wait_started(out: Path) -> None:
     """Until the ``--call`` callable writing to ``out`` has started."""
-    wait_for(lambda: out.exists() and "start" in out.read_text(), what="the callable")
+    wait_until(
+        lambda: out.exists() and "start" in out.read_text(),
+        timeout=WAIT,
+        message="the callable never started",
+    )
 
 
 def lines(path: Path) -> list[tuple[int, int, float]]:
@@ -106,16 +134,6 @@ def lines(path: Path) -> list[tuple[int, int, float]]:
         if len(parts) == 3:
             found.append((int(parts[0]), int(parts[1]), float(parts[2])))
     return found
-
-
-def wait_for(condition: Any, timeout: float = WAIT, what: str = "condition") -> Any:
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def alive(pid: int) -> bool:
@@ -158,20 +176,24 @@ def start_three(fleet: Fleet, name: str, out: Path) -> None:
 
 
 def current_leader(fleet: Fleet, name: str) -> str:
-    lease = wait_for(lambda: fleet.backend.read(name), what="a leader")
+    lease = wait_until(lambda: fleet.backend.read(name), timeout=WAIT, message="no leader")
     return str(lease.holder)
 
 
 def elect_writer(fleet: Fleet, name: str, out: Path) -> tuple[tuple[int, int, float], str]:
     """Three runleaders with writer payloads: the first line written, and who leads."""
     start_three(fleet, name, out)
-    first = wait_for(lambda: lines(out), what="the first payload")[0]
+    first = wait_until(lambda: lines(out), timeout=WAIT, message="no payload wrote")[0]
     return first, current_leader(fleet, name)
 
 
 def next_writer(out: Path, first: tuple[int, int, float]) -> list[tuple[int, int, float]]:
     """The lines written under a later token than ``first``'s, once there are some."""
-    return wait_for(lambda: [r for r in lines(out) if r[1] > first[1]], what="a new payload")
+    return wait_until(
+        lambda: [r for r in lines(out) if r[1] > first[1]],
+        timeout=WAIT,
+        message="no payload under a later token wrote",
+    )
 
 
 def test_sigkill_leader_kills_its_child_and_another_takes_over(
@@ -179,12 +201,14 @@ def test_sigkill_leader_kills_its_child_and_another_takes_over(
 ) -> None:
     out = tmp_path / "writes.txt"
     first, leader = elect_writer(fleet, lease_name, out)
-    time.sleep(1.0)  # a few renewals in
+    just_renewed(fleet, lease_name, times=2)  # a few renewals in
 
     fleet.procs[leader].kill()
     killed_at = time.time()
     # Its payload does not outlive it: the guard sees the pipe close and stops it.
-    wait_for(lambda: not alive(first[0]), timeout=TTL + GRACE + 1, what="the orphan to die")
+    wait_until(
+        lambda: not alive(first[0]), timeout=TTL + GRACE + 1, message="the orphan did not die"
+    )
 
     after = next_writer(out, first)
     assert after[0][2] - killed_at < TTL + RETRY + 1
@@ -210,13 +234,18 @@ def test_sigterm_leader_hands_over_within_a_second(
     assert ("released", leader) in kinds
 
 
-def just_renewed(fleet: Fleet, name: str) -> None:
-    """Return right after the holder's next renewal is seen in the store."""
-    before = fleet.backend.read(name).renewed_at
-    give_up = time.monotonic() + WAIT
-    while (lease := fleet.backend.read(name)) is None or lease.renewed_at == before:
-        assert time.monotonic() < give_up, "no renewal"
-        time.sleep(0.01)
+def just_renewed(fleet: Fleet, name: str, times: int = 1) -> None:
+    """Return right after the holder's next renewal (the ``times``-th from now) is seen in
+    the store."""
+    seen = [fleet.backend.read(name).renewed_at]
+
+    def renewed() -> bool:
+        lease = fleet.backend.read(name)
+        if lease is not None and lease.renewed_at != seen[-1]:
+            seen.append(lease.renewed_at)
+        return len(seen) > times
+
+    wait_until(renewed, timeout=WAIT, interval=0.01, message=lambda: f"renewed at {seen}")
 
 
 def test_sigstop_parent_alone_child_stopped_before_new_child(
@@ -224,10 +253,9 @@ def test_sigstop_parent_alone_child_stopped_before_new_child(
 ) -> None:
     out = tmp_path / "writes.txt"
     first, leader = elect_writer(fleet, lease_name, out)
-    time.sleep(1.0)
-    # Freeze it right after a renewal committed, not in the middle of one: a process
-    # stopped while it holds the store's write lock (SQLite) would keep everyone out.
-    just_renewed(fleet, lease_name)
+    # A few renewals in, freeze it right after one committed, not in the middle of one: a
+    # process stopped while it holds the store's write lock (SQLite) would keep everyone out.
+    just_renewed(fleet, lease_name, times=3)
     os.kill(fleet.procs[leader].pid, signal.SIGSTOP)  # the parent only; its child runs on
     try:
         after = next_writer(out, first)
@@ -236,6 +264,7 @@ def test_sigstop_parent_alone_child_stopped_before_new_child(
         assert not alive(first[0])
     finally:
         os.kill(fleet.procs[leader].pid, signal.SIGCONT)
+    # A TTL for the resumed runleader to misbehave (write again, crash): nothing may come.
     time.sleep(TTL)
     assert_one_writer_at_a_time(lines(out))
     # The resumed runleader stepped down and rejoins as a follower; it did not crash.
@@ -271,13 +300,13 @@ import signal, sys, time
 out = sys.argv[1]
 def on_term(signum, frame):
     open(out, "a").write("term\\n")
-    time.sleep(2.0)  # several renewal intervals: the lease is renewed meanwhile
+    time.sleep(2.0)  # slow to stop on purpose: several renewal intervals pass meanwhile
     open(out, "a").write("done\\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 open(out, "a").write("started\\n")
 while True:
-    time.sleep(0.05)
+    time.sleep(0.05)  # works until told to stop
 """
 
 
@@ -291,7 +320,11 @@ def test_sigterm_gives_the_child_its_grace_period(
         "patient", lease_name, *TIMING, "--grace", "6",
         "--", sys.executable, "-c", SLOW_TO_STOP, str(out),
     )  # fmt: skip
-    wait_for(lambda: out.exists() and "started" in out.read_text(), what="the child")
+    wait_until(
+        lambda: out.exists() and "started" in out.read_text(),
+        timeout=WAIT,
+        message="the child never started",
+    )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(WAIT) == 0
     assert out.read_text().split() == ["started", "term", "done"], fleet.log("patient")
@@ -302,7 +335,11 @@ def test_sigterm_gives_the_child_its_grace_period(
 def test_call_that_raises_releases_and_backs_off(fleet: Fleet, lease_name: str) -> None:
     proc, out = fleet.start_call("failing", lease_name)
     marker = "raised; releasing the lease, campaigning again in "
-    wait_for(lambda: fleet.log("failing").count(marker) >= 3, what="three failures")
+    wait_until(
+        lambda: fleet.log("failing").count(marker) >= 3,
+        timeout=WAIT,
+        message="fewer than three failures logged",
+    )
     assert proc.poll() is None
     delays = [
         float(line.split(marker)[1].split("s")[0])
@@ -319,14 +356,20 @@ def test_crash_looping_child_releases_and_backs_off(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
     proc = fleet.start("crashy", lease_name, *TIMING, "--", sys.executable, "-c", "exit(3)")
-    wait_for(lambda: fleet.log("crashy").count("payload exited with 3") >= 2, what="two crashes")
+    wait_until(
+        lambda: fleet.log("crashy").count("payload exited with 3") >= 2,
+        timeout=WAIT,
+        message="fewer than two crashes logged",
+    )
     assert proc.poll() is None
 
     # The release follows the "payload exited" log line, so wait for it to be recorded.
     def kinds() -> list[str]:
         return [event[0] for event in history(fleet.backend, lease_name)]
 
-    wait_for(lambda: len(kinds()) >= 4, what="the second release in the history")
+    wait_until(
+        lambda: len(kinds()) >= 4, timeout=WAIT, message="the second release is not in the history"
+    )
     assert kinds()[:4] == ["acquired", "released", "acquired", "released"]
 
 
@@ -442,7 +485,11 @@ def test_beat_runs_only_while_elected_and_stops_on_sigterm(
         "--loglevel",
         "INFO",
     )
-    wait_for(lambda: "beat: Starting" in fleet.log("beat"), what="celery beat to start")
+    wait_until(
+        lambda: "beat: Starting" in fleet.log("beat"),
+        timeout=WAIT,
+        message="celery beat did not start",
+    )
     assert "celery.loaders.app.AppLoader" in fleet.log("beat")  # not Celery's default app
     assert fleet.backend.read(lease_name).holder == "beat"
     proc.send_signal(signal.SIGTERM)
@@ -465,7 +512,11 @@ def test_on_exit_restart_backs_off_and_keeps_the_lease(
         "-c",
         "exit(4)",
     )
-    wait_for(lambda: fleet.log("restarts").count("restarting it in") >= 3, what="restarts")
+    wait_until(
+        lambda: fleet.log("restarts").count("restarting it in") >= 3,
+        timeout=WAIT,
+        message="fewer than three restarts logged",
+    )
     delays = [
         float(line.split("restarting it in ")[1].split("s")[0])
         for line in fleet.log("restarts").splitlines()
@@ -476,7 +527,7 @@ def test_on_exit_restart_backs_off_and_keeps_the_lease(
     def kinds() -> list[str]:  # written by runleader's own history thread on Redis
         return [event[0] for event in history(fleet.backend, lease_name)]
 
-    wait_for(kinds, what="the acquisition in the history")
+    wait_until(kinds, timeout=WAIT, message="the acquisition is not in the history")
     assert kinds() == ["acquired"]
 
 
@@ -499,7 +550,7 @@ def test_sigkill_of_the_guard_kills_the_payload_before_another_starts(
             identity, lease_name, *TIMING, "--grace", str(GRACE),
             "--", "sh", "-c", f"{writer} & wait",
         )  # fmt: skip
-    first = wait_for(lambda: lines(out), what="the first payload")[0]
+    first = wait_until(lambda: lines(out), timeout=WAIT, message="no payload wrote")[0]
     leader = current_leader(fleet, lease_name)
     guard = parent_of(parent_of(first[0]))  # writer -> sh -> guard
     assert guard != fleet.procs[leader].pid
@@ -507,7 +558,11 @@ def test_sigkill_of_the_guard_kills_the_payload_before_another_starts(
         os.kill(guard, signal.SIGKILL)
         after = next_writer(out, first)
         # A few more writes by the new payload: the old one, were it alive, would write too.
-        wait_for(lambda: len([r for r in lines(out) if r[1] > first[1]]) >= 3, what="writes")
+        wait_until(
+            lambda: len([r for r in lines(out) if r[1] > first[1]]) >= 3,
+            timeout=WAIT,
+            message="fewer than three writes by the new payload",
+        )
         old_last = max(t for pid, _, t in lines(out) if pid == first[0])
         assert old_last < after[0][2], f"the old payload wrote after the new one: {lines(out)}"
         assert not alive(first[0])
@@ -532,7 +587,7 @@ def test_sigkill_of_runleader_kills_a_payload_deaf_to_sigterm_by_the_deadline(
             identity, lease_name, *TIMING, "--grace", "60",
             "--", "sh", "-c", f"trap '' TERM; {writer}",
         )  # fmt: skip
-    first = wait_for(lambda: lines(out), what="the first payload")[0]
+    first = wait_until(lambda: lines(out), timeout=WAIT, message="no payload wrote")[0]
     leader = current_leader(fleet, lease_name)
     try:
         fleet.procs[leader].kill()

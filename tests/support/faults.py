@@ -17,6 +17,7 @@ class FaultyBackend(Backend):
         self.real = real
         self.hang_renew = threading.Event()  # set: renew blocks until `unblock` is set
         self.unblock = threading.Event()
+        self.hung_renew_returned = threading.Event()  # set once a renewal that hung returns
         self.fail_renew = 0  # number of renewals to fail with BackendUnavailable
         self.renew_started = threading.Event()
         self.renew_calls = 0
@@ -30,9 +31,13 @@ class FaultyBackend(Backend):
         if self.fail_renew > 0:
             self.fail_renew -= 1
             raise BackendUnavailable("injected failure")
-        if self.hang_renew.is_set():
-            self.unblock.wait(60)
-        return self.real.renew(lease, ttl)
+        if not self.hang_renew.is_set() or self.unblock.is_set():
+            return self.real.renew(lease, ttl)
+        self.unblock.wait(60)
+        try:
+            return self.real.renew(lease, ttl)
+        finally:
+            self.hung_renew_returned.set()
 
     def release(self, lease: Lease) -> bool:
         return self.real.release(lease)

@@ -1,0 +1,41 @@
+"""Waiting in tests for something to happen: poll it, with a deadline, never a fixed sleep.
+
+Wait on an event (``threading.Event.wait``, a queue, a condition) where there is one;
+:func:`wait_until` is for what can only be looked at: a store's row, a file, a process,
+a counter another thread bumps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+    message: str | Callable[[], object] = "the condition never held",
+) -> T:
+    """Call ``predicate`` every ``interval`` seconds until it returns a truthy value, and
+    return that value; fail the test (AssertionError, as a failed ``assert``) if it has
+    not within ``timeout`` seconds.
+
+    The failure says ``message`` (a callable is called then, so that it can describe the
+    state at the deadline) and the last value ``predicate`` returned. An exception raised
+    by ``predicate`` is not caught: it fails the test at once.
+    """
+    give_up = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        left = give_up - time.monotonic()
+        if left <= 0:
+            text = message() if callable(message) else message
+            raise AssertionError(f"{text}\n(not within {timeout:g} s; last value: {value!r})")
+        time.sleep(min(interval, left))
