@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -35,6 +34,7 @@ from django_leader.admin import constants
 from django_leader.backends import get_backend
 from django_leader.models import LeaseEvent
 from tests.support.stores import REQUIRE_SERVICES, history
+from tests.support.waiting import wait_until
 
 CHROMIUM = os.environ.get("DJANGO_LEADER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -157,10 +157,7 @@ def seed(store: Any) -> None:
         lease, _ = store.acquire("session-sweeper", f"web-{n % 3}:70{n}", 60)
         if n < 7:
             store.release(lease)
-    give_up = time.monotonic() + 10
-    while store.read("cache-warmer") is not None:
-        assert time.monotonic() < give_up
-        time.sleep(0.05)
+    wait_until(lambda: store.read("cache-warmer") is None, timeout=10, message="no expiry")
     store.flush_history(10)
     backdate("billing-sync", acquired=35, forced_release=5)
     backdate("payments-reconciler", acquired=50, released=3)

@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 
 from tests.celeryprocs import STARTUP, CeleryProcess
+from tests.support import waiting
 from tests.support.newcomer import (
     ROOT,
     Page,
@@ -86,11 +87,10 @@ def require(what: str, problem: str | None) -> None:
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, site: Site) -> None:
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= give_up:
-            raise AssertionError(f"no {what} within {timeout:.0f}s\n{site.describe()}")
-        time.sleep(0.1)
+    """:func:`tests.support.waiting.wait_until`, failing with the state of the site."""
+    waiting.wait_until(condition, timeout=timeout, interval=0.1, message=lambda: (
+        f"no {what}\n{site.describe()}"
+    ))  # fmt: skip
 
 
 # -- the distributions and the virtualenv -----------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from tests.celeryprocs import STARTUP, CeleryProcess
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("doc_console.py")
@@ -354,13 +355,14 @@ class Shell:
 
     def wait_background(self, text: str, timeout: float) -> float:
         """Wait until a thread of the session printed ``text``; returns when it was seen."""
-        give_up = time.monotonic() + timeout
-        while text not in self.background():
-            if self.proc.poll() is not None or time.monotonic() >= give_up:
-                raise AssertionError(
-                    f"shell {self.label}: no {text!r} within {timeout:.0f}s:\n{self.background()}"
-                )
-            time.sleep(0.1)
+
+        def seen() -> bool:
+            assert self.proc.poll() is None, f"shell {self.label} ended:\n{self.background()}"
+            return text in self.background()
+
+        wait_until(seen, timeout=timeout, interval=0.1, message=lambda: (
+            f"shell {self.label}: no {text!r}:\n{self.background()}"
+        ))  # fmt: skip
         return time.monotonic()
 
     def kill(self) -> None:
