@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import IO, Any
 
 from django_leader import guard
 from django_leader.elector import Elector
@@ -299,7 +299,7 @@ class PayloadRunner:
                 pass  # the guard is exiting; poll() tells
             lease.lost.wait(0.05)
         status = process.returncode
-        process.stdin.close()
+        close_pipe(process.stdin)
         if status < 0:  # the guard never dies of a signal on its own: it was killed
             logger.error(
                 "guard pid %s was killed by signal %s: killing its payload", process.pid, -status
@@ -331,3 +331,11 @@ class PayloadRunner:
         if process is not None and process.stdin is not None:
             with contextlib.suppress(OSError):
                 process.stdin.close()
+
+
+def close_pipe(pipe: IO[bytes]) -> None:
+    """Close our end of the pipe to the guard. A write the guard never read (it exited
+    as we wrote: BrokenPipeError) stays in the buffer, and ``close()`` tries to flush it
+    again; the file is closed all the same, and the error says nothing new."""
+    with contextlib.suppress(BrokenPipeError):
+        pipe.close()
