@@ -14,7 +14,7 @@
   E004 is the Redis backend's).
 * W001 — the lease database is an in-memory SQLite database, which other connections
   (and so other processes) cannot see.
-* W010…W014 — Celery beat and broker (below).
+* W010…W015 — Celery beat and broker (below).
 * W000 — one of these checks failed unexpectedly: no check raises (:func:`never_raises`).
 """
 
@@ -196,6 +196,7 @@ def _lease_database() -> str | None:
 #        send a slot again.
 # W013 — DJANGO_LEADER["BEAT_SCHEDULER"] is set but CELERY_BEAT_SCHEDULER is not set or
 #        names another scheduler: the beats do not elect a leader, every one of them sends.
+# W015 — it is django-celery-beat's scheduler, on SQLite without IMMEDIATE transactions.
 # Warnings, not errors: they concern beat processes only, and must not stop a web deploy.
 @register("django_leader")
 @never_raises
@@ -216,7 +217,7 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 
     messages: list[CheckMessage] = []
     try:
-        wrapped_scheduler_class(conf.beat_scheduler)
+        wrapped = wrapped_scheduler_class(conf.beat_scheduler)
     except SchedulerAppNotInstalled as exc:
         messages.append(
             Warning(
@@ -235,6 +236,8 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                 id="django_leader.W010",
             )
         )
+    else:
+        messages += _check_database_scheduler_on_sqlite(wrapped)
     beat_scheduler = str(getattr(settings, "CELERY_BEAT_SCHEDULER", "") or "")
     if "LeaderScheduler" in beat_scheduler:
         try:
@@ -266,6 +269,41 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             )
         )
     return messages
+
+
+def _check_database_scheduler_on_sqlite(wrapped: type) -> list[CheckMessage]:
+    """W015: django-celery-beat's scheduler on SQLite with deferred transactions. Its
+    transaction reads, then writes: if another process (a beat campaigning for the lease)
+    writes meanwhile, SQLite refuses the upgrade at once ("database is locked", no busy
+    timeout applies) and the entry is never sent."""
+    import django
+    from django.db import router
+
+    if not wrapped.__module__.startswith("django_celery_beat"):
+        return []
+    from django_celery_beat.models import PeriodicTask
+
+    alias = router.db_for_write(PeriodicTask)
+    database = connections.settings.get(alias, {})
+    if not database.get("ENGINE", "").endswith("sqlite3"):
+        return []
+    if (database.get("OPTIONS") or {}).get("transaction_mode") == "IMMEDIATE":
+        return []
+    hint = (
+        f'Set DATABASES[{alias!r}]["OPTIONS"]["transaction_mode"] = "IMMEDIATE".'
+        if django.VERSION >= (5, 1)
+        else "Use PostgreSQL or MySQL/MariaDB (Django 5.1 and later can also set "
+        'OPTIONS["transaction_mode"] = "IMMEDIATE" on SQLite).'
+    )
+    return [
+        Warning(
+            f"django-celery-beat's scheduler keeps its schedule in SQLite database {alias!r} "
+            "with deferred transactions: while another beat writes to the lease table, "
+            "saving the schedule fails with 'database is locked' and that entry is not sent.",
+            hint=hint,
+            id="django_leader.W015",
+        )
+    ]
 
 
 # W014 — the Celery broker is Redis but kombu's Redis transport cannot load (redis-py or one

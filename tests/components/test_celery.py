@@ -692,6 +692,15 @@ def test_checks_of_the_beat_configuration(settings: Any, monkeypatch: pytest.Mon
     installed["django_celery_beat"] = False
     assert beat_checks() == ["django_leader.W011"]
     installed["django_celery_beat"] = True
+    # W015 while its database is SQLite with deferred transactions (the test project's
+    # default on SQLite), none with IMMEDIATE ones or another database.
+    default = settings.DATABASES["default"]
+    on_sqlite = default["ENGINE"].endswith("sqlite3")
+    assert beat_checks() == (["django_leader.W015"] if on_sqlite else [])
+    from django.db import connections
+
+    options = {**default.get("OPTIONS", {}), "transaction_mode": "IMMEDIATE"}
+    monkeypatch.setitem(connections.settings["default"], "OPTIONS", options)
     assert beat_checks() == []
 
     settings.DJANGO_LEADER = {

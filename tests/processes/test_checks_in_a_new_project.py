@@ -155,3 +155,28 @@ def test_a_redis_broker_whose_transport_cannot_load_is_w014(project: Path) -> No
     assert "kombu's Redis transport cannot be imported" in output
     assert "No module named 'packaging'" in output
     assert 'pip install "celery[redis]"' in output
+
+
+def test_a_database_scheduler_on_sqlite_without_immediate_transactions_is_w015(
+    project: Path,
+) -> None:
+    """Two beats on SQLite with django-celery-beat's scheduler: now and then the elected
+    beat could not save an entry ("database is locked": the other beat was writing to the
+    lease table) and never sent it. IMMEDIATE transactions take the lock at their start."""
+    pytest.importorskip("django_celery_beat")
+    configure(
+        project,
+        'INSTALLED_APPS += ["django_celery_beat"]\n'
+        'DJANGO_LEADER = {"BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}\n'
+        'CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"',
+    )
+    assert_clean_warning(run(project, "migrate"), "django_leader.W015")
+    output = assert_clean_warning(run(project, "check"), "django_leader.W015")
+    assert "'database is locked'" in output
+    import django
+
+    if django.VERSION >= (5, 1):
+        assert """DATABASES['default']["OPTIONS"]["transaction_mode"] = "IMMEDIATE".""" in output
+        configure(project, 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}')
+        result = run(project, "check")
+        assert (result.returncode, result.stdout) == (0, NO_ISSUES)
