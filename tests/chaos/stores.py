@@ -28,6 +28,8 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from tests.support.redis_server import answers_ping
+
 #: Seconds a server may take to answer after a start.
 START_TIMEOUT = 60.0
 #: The database the candidates use on a server.
@@ -205,12 +207,7 @@ class RedisStore(Store):
         wait_until(self.answers, START_TIMEOUT, "redis-server")
 
     def answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return answers_ping(self.port)
 
     def env(self) -> dict[str, str]:
         return {

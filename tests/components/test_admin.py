@@ -32,7 +32,7 @@ from django_leader import admin as leader_admin
 from django_leader.admin import drawing, periods
 from django_leader.backends import get_backend
 from django_leader.models import Lease, LeaseEvent
-from tests.support.stores import history, require
+from tests.support.stores import history, require, unreachable_redis
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -365,19 +365,7 @@ def test_unreachable_redis_shows_an_error_not_a_crash(admin_client: Client) -> N
     pytest.importorskip("redis")
     now = datetime.now(dt_timezone.utc)
     LeaseEvent.objects.create(name="somewhere", kind="acquired", holder="h", token=1, at=now)
-    caches = {
-        **settings.CACHES,
-        "dead": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens on port 1
-        },
-    }
-    conf = {
-        **settings.DJANGO_LEADER,
-        "BACKEND": "django_leader.backends.cache.CacheBackend",
-        "CACHE": "dead",
-    }
-    with override_settings(CACHES=caches, DJANGO_LEADER=conf):
+    with override_settings(**unreachable_redis()):
         assert admin_client.get(reverse(LIST)).status_code == 200
         page = admin_client.get(change_url("somewhere"))
         assert page.status_code == 200

@@ -25,7 +25,7 @@ from django.urls import reverse
 from django_leader.admin.constants import FLAPPING_TRANSITIONS
 from django_leader.backends import get_backend
 from django_leader.models import LeaseEvent
-from tests.support.stores import CACHE_STORES, DATABASE_STORES, require
+from tests.support.stores import CACHE_STORES, DATABASE_STORES, require, unreachable_redis
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 
@@ -131,19 +131,7 @@ def test_dashboard_shows_leaders_candidates_transitions_and_alerts(
 
 def test_a_store_that_cannot_be_reached_shows_an_error_not_a_crash(admin_client: Client) -> None:
     pytest.importorskip("redis")
-    caches = {
-        **settings.CACHES,
-        "dead": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens on port 1
-        },
-    }
-    conf = {
-        **settings.DJANGO_LEADER,
-        "BACKEND": "django_leader.backends.cache.CacheBackend",
-        "CACHE": "dead",
-    }
-    with override_settings(CACHES=caches, DJANGO_LEADER=conf):
+    with override_settings(**unreachable_redis()):
         response = admin_client.get(reverse(DASHBOARD))
     assert response.status_code == 200
     assert "Cannot list the leases of the store" in response.content.decode()

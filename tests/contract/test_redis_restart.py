@@ -21,6 +21,7 @@ import pytest
 from django.test import override_settings
 
 from django_leader import BackendUnavailable, Elector
+from tests.support.redis_server import answers_ping
 from tests.support.stores import REQUIRE_SERVICES, answered, history, stores_db
 from tests.support.waiting import wait_until
 
@@ -73,12 +74,7 @@ class RedisServer:
 
     def answers(self) -> bool:
         """True if the server answers PING."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return answers_ping(self.port)
 
     def crash(self) -> None:
         """SIGKILL: what a crash or an OOM kill does; nothing is saved."""

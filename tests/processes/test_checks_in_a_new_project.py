@@ -54,28 +54,21 @@ def run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_first_migrate_does_not_warn_of_the_tables_it_creates(tmp_path: Path) -> None:
+def test_the_first_migrate_does_not_warn_of_the_tables_it_creates(new_project: Path) -> None:
     """W002 (tables missing) belongs to ``check``, not to the ``migrate`` that creates them:
     it used to be the first thing a new user's ``migrate django_leader`` printed."""
-    subprocess.run(
-        [sys.executable, "-m", "django", "startproject", SITE, str(tmp_path)],
-        check=True,
-        env=user_env(tmp_path),
-        timeout=60,
-    )
-    configure(tmp_path, 'INSTALLED_APPS += ["django_leader"]')
-    assert_clean_warning(run(tmp_path, "check"), "django_leader.W002")
-    migrated = run(tmp_path, "migrate", "django_leader")
+    assert_clean_warning(run(new_project, "check"), "django_leader.W002")
+    migrated = run(new_project, "migrate", "django_leader")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     assert "W002" not in migrated.stdout + migrated.stderr
     assert "Applying django_leader.0001_initial... OK" in migrated.stdout
-    checked = run(tmp_path, "check")
+    checked = run(new_project, "check")
     assert (checked.returncode, checked.stdout) == (0, NO_ISSUES)
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A fresh project with django_leader installed and migrated, nothing else configured."""
+def new_project(tmp_path: Path) -> Path:
+    """A fresh project with django_leader in INSTALLED_APPS, nothing else configured."""
     subprocess.run(
         [sys.executable, "-m", "django", "startproject", SITE, str(tmp_path)],
         check=True,
@@ -83,9 +76,15 @@ def project(tmp_path: Path) -> Path:
         timeout=60,
     )
     configure(tmp_path, 'INSTALLED_APPS += ["django_leader"]')
-    migrated = run(tmp_path, "migrate")
-    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     return tmp_path
+
+
+@pytest.fixture
+def project(new_project: Path) -> Path:
+    """The fresh project, migrated."""
+    migrated = run(new_project, "migrate")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    return new_project
 
 
 def configure(project: Path, text: str) -> None:

@@ -142,3 +142,21 @@ def child_env(backend: Any, **extra: str) -> dict[str, str]:
         env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.db.DatabaseBackend"
         env["DJANGO_LEADER_DATABASE"] = backend.alias
     return env
+
+
+def unreachable_redis() -> dict[str, Any]:
+    """``override_settings()`` arguments for the Redis backend on a cache whose server
+    does not answer (nothing listens on port 1)."""
+    caches = {
+        **settings.CACHES,
+        "dead": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+        },
+    }
+    conf = {
+        **settings.DJANGO_LEADER,
+        "BACKEND": "django_leader.backends.cache.CacheBackend",
+        "CACHE": "dead",
+    }
+    return {"CACHES": caches, "DJANGO_LEADER": conf}
