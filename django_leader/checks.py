@@ -213,7 +213,7 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         conf = get_settings()
     except ImproperlyConfigured:
         return []  # reported by check_settings
-    from .celery.beat import SchedulerAppNotInstalled, wrapped_scheduler_class
+    from .celery.wrapped import SchedulerAppNotInstalled, wrapped_scheduler_class
 
     messages: list[CheckMessage] = []
     try:

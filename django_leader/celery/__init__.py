@@ -17,9 +17,9 @@ from .beat import (
     HEADER_TOKEN,
     BeatElector,
     LeaderScheduler,
-    wrapped_scheduler_class,
 )
 from .tasks import singleton_task
+from .wrapped import wrapped_scheduler_class
 
 __all__ = [
     "HEADER_ENTRY",

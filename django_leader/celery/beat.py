@@ -41,9 +41,7 @@ from typing import Any
 
 from celery import uuid
 from celery.beat import Scheduler
-from celery.utils.imports import load_extension_class_names, symbol_by_name
 from django.apps import apps
-from django.core.exceptions import ImproperlyConfigured
 
 from ..backends import close_unusable_connections
 from ..backends.slots import Slot, SlotStore, entry_key
@@ -51,7 +49,7 @@ from ..conf import get_settings, validate_name
 from ..exceptions import LeadershipLost
 from ..lease import Lease, clock
 from .beat_elector import BeatElector
-from .wrapped import _leader_class, _LeaderMixin
+from .wrapped import _leader_class, wrapped_scheduler_class
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -71,41 +69,6 @@ RESIGN_AFTER = 3
 #: A leader whose tick (or sync) has not returned after this many ``LEASE_TTL`` — stuck in
 #: a call that neither answers nor fails — resigns (its elector still renews the lease).
 STUCK_TTLS = 3.0
-
-
-class SchedulerAppNotInstalled(ImproperlyConfigured):
-    """``BEAT_SCHEDULER`` names a scheduler of an app missing from ``INSTALLED_APPS``."""
-
-
-def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
-    """The scheduler class named by ``DJANGO_LEADER["BEAT_SCHEDULER"]`` (or ``path``):
-    ``"module:Class"``, a dotted path or a Celery alias."""
-    path = path or get_settings().beat_scheduler
-    aliases = dict(load_extension_class_names("celery.beat_schedulers"))
-    module = str(aliases.get(path, path)).replace(":", ".").split(".")[0]
-    if module == "django_celery_beat" and not apps.is_installed("django_celery_beat"):
-        # Importing its scheduler would import its models, which Django refuses with a
-        # RuntimeError about app_label that says nothing of the setting at fault.
-        raise SchedulerAppNotInstalled(
-            f"DJANGO_LEADER['BEAT_SCHEDULER'] is {path!r} but 'django_celery_beat' is not "
-            "in INSTALLED_APPS: its models and tables are missing."
-        )
-    try:
-        cls = symbol_by_name(path, aliases=aliases)
-    except Exception as exc:  # ImportError, or whatever the module raises as it loads
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} cannot be imported: {exc}"
-        ) from exc
-    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is not a celery.beat.Scheduler subclass"
-        )
-    if issubclass(cls, (LeaderScheduler, _LeaderMixin)):
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is a LeaderScheduler: it must name "
-            "the scheduler LeaderScheduler wraps (e.g. 'celery.beat:PersistentScheduler')"
-        )
-    return cls
 
 
 def _aware(value: datetime, tz: Any) -> datetime:
@@ -156,7 +119,6 @@ class LeaderScheduler(Scheduler):
     # -- Scheduler hooks ------------------------------------------------------------------
     def setup_schedule(self) -> None:
         """Start campaigning (only an instance that runs gets here, never a lazy one)."""
-        from django.apps import apps
 
         if not apps.ready:  # celery's Django fixup normally did this already
             import django

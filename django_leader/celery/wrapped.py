@@ -1,7 +1,8 @@
-"""What :class:`~django_leader.celery.LeaderScheduler` mixes into the scheduler it wraps:
-every send goes through the LeaderScheduler (which records the slot, fenced by its
-lease, first), and the wrapped scheduler's state is written back only while the lease
-it was built under is held."""
+"""The scheduler :class:`~django_leader.celery.LeaderScheduler` wraps: which class
+(``DJANGO_LEADER["BEAT_SCHEDULER"]``, :func:`wrapped_scheduler_class`), and what is mixed
+into it: every send goes through the LeaderScheduler (which records the slot, fenced by
+its lease, first), and the wrapped scheduler's state is written back only while the
+lease it was built under is held."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from celery.beat import Scheduler
+from celery.utils.imports import load_extension_class_names, symbol_by_name
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 
+from ..conf import get_settings
 from ..lease import Lease
 
 if TYPE_CHECKING:
@@ -87,3 +92,40 @@ def _leader_class(cls: type[Scheduler]) -> type[Scheduler]:
                 {"__module__": __name__, "__qualname__": f"Leader{cls.__name__}"},
             )
         return _classes[cls]
+
+
+class SchedulerAppNotInstalled(ImproperlyConfigured):
+    """``BEAT_SCHEDULER`` names a scheduler of an app missing from ``INSTALLED_APPS``."""
+
+
+def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
+    """The scheduler class named by ``DJANGO_LEADER["BEAT_SCHEDULER"]`` (or ``path``):
+    ``"module:Class"``, a dotted path or a Celery alias."""
+    path = path or get_settings().beat_scheduler
+    aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+    module = str(aliases.get(path, path)).replace(":", ".").split(".")[0]
+    if module == "django_celery_beat" and not apps.is_installed("django_celery_beat"):
+        # Importing its scheduler would import its models, which Django refuses with a
+        # RuntimeError about app_label that says nothing of the setting at fault.
+        raise SchedulerAppNotInstalled(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] is {path!r} but 'django_celery_beat' is not "
+            "in INSTALLED_APPS: its models and tables are missing."
+        )
+    try:
+        cls = symbol_by_name(path, aliases=aliases)
+    except Exception as exc:  # ImportError, or whatever the module raises as it loads
+        raise ImproperlyConfigured(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} cannot be imported: {exc}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
+        raise ImproperlyConfigured(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is not a celery.beat.Scheduler subclass"
+        )
+    from .beat import LeaderScheduler  # which imports this module
+
+    if issubclass(cls, (LeaderScheduler, _LeaderMixin)):
+        raise ImproperlyConfigured(
+            f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is a LeaderScheduler: it must name "
+            "the scheduler LeaderScheduler wraps (e.g. 'celery.beat:PersistentScheduler')"
+        )
+    return cls
