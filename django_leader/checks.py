@@ -14,7 +14,7 @@
   E004 is the Redis backend's).
 * W001 — the lease database is an in-memory SQLite database, which other connections
   (and so other processes) cannot see.
-* W010…W015 — Celery beat and broker (below).
+* W010…W016 — Celery beat and broker (below).
 * W000 — one of these checks failed unexpectedly: no check raises (:func:`never_raises`).
 """
 
@@ -197,6 +197,7 @@ def _lease_database() -> str | None:
 # W013 — DJANGO_LEADER["BEAT_SCHEDULER"] is set but CELERY_BEAT_SCHEDULER is not set or
 #        names another scheduler: the beats do not elect a leader, every one of them sends.
 # W015 — it is django-celery-beat's scheduler, on SQLite without IMMEDIATE transactions.
+# W016 — it is django-celery-beat's scheduler, and its tables or migrations are missing.
 # Warnings, not errors: they concern beat processes only, and must not stop a web deploy.
 @register("django_leader")
 @never_raises
@@ -237,7 +238,9 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             )
         )
     else:
-        messages += _check_database_scheduler_on_sqlite(wrapped)
+        if wrapped.__module__.startswith("django_celery_beat"):
+            messages += _check_database_scheduler_on_sqlite()
+            messages += _check_database_scheduler_tables(kwargs.get("databases"))
     beat_scheduler = str(getattr(settings, "CELERY_BEAT_SCHEDULER", "") or "")
     if "LeaderScheduler" in beat_scheduler:
         try:
@@ -271,16 +274,46 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     return messages
 
 
-def _check_database_scheduler_on_sqlite(wrapped: type) -> list[CheckMessage]:
+def _check_database_scheduler_tables(databases: Any) -> list[CheckMessage]:
+    """W016: django-celery-beat's tables missing or its migrations not applied (a how-to
+    once migrated ``django_leader`` only): the elected beat fails at every tick while it
+    holds the lease. Quiet, as W002, on the database ``migrate`` is migrating, and on a
+    database it cannot reach."""
+    from django.db import router
+    from django_celery_beat.models import PeriodicTask
+
+    from .backends import migration_state
+
+    alias = router.db_for_write(PeriodicTask)
+    if alias not in connections.settings or (databases is not None and alias in databases):
+        return []
+    try:
+        missing_tables, unapplied = migration_state(alias, "django_celery_beat")
+    except Exception:  # unreachable, or database access not allowed here (tests)
+        return []
+    if missing_tables:
+        what = f"table(s) {', '.join(missing_tables)} missing"
+    elif unapplied:
+        what = f"migration(s) {', '.join(unapplied)} not applied"
+    else:
+        return []
+    return [
+        Warning(
+            f"BEAT_SCHEDULER is django-celery-beat's scheduler but its {what} in database "
+            f"{alias!r}: the elected beat would fail at every tick while it holds the lease.",
+            hint=f"Run `manage.py migrate --database {alias}` (every app, not only django_leader).",
+            id="django_leader.W016",
+        )
+    ]
+
+
+def _check_database_scheduler_on_sqlite() -> list[CheckMessage]:
     """W015: django-celery-beat's scheduler on SQLite with deferred transactions. Its
     transaction reads, then writes: if another process (a beat campaigning for the lease)
     writes meanwhile, SQLite refuses the upgrade at once ("database is locked", no busy
     timeout applies) and the entry is never sent."""
     import django
     from django.db import router
-
-    if not wrapped.__module__.startswith("django_celery_beat"):
-        return []
     from django_celery_beat.models import PeriodicTask
 
     alias = router.db_for_write(PeriodicTask)

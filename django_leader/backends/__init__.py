@@ -84,14 +84,14 @@ def _load(path: str, timeout: float | None, what: str) -> Backend:
     return factory() if timeout is None else factory(timeout=timeout)
 
 
-def migration_state(alias: str) -> tuple[list[str], list[str]]:
-    """The django_leader tables missing in database ``alias``, and its migrations not
-    applied there (as ``migrate`` would see them), looked at over a private connection
+def migration_state(alias: str, app_label: str = "django_leader") -> tuple[list[str], list[str]]:
+    """The tables of app ``app_label`` missing in database ``alias``, and its migrations
+    not applied there (as ``migrate`` would see them), looked at over a private connection
     bounded by the store's timeouts; never creates a SQLite file. Raises whatever the
-    database raises when it cannot be inspected. (System checks W002 and E003.)"""
+    database raises when it cannot be inspected. (System checks W002, W016 and E003.)"""
     from .db_connection import migration_state as probe
 
-    return probe(alias)
+    return probe(alias, app_label)
 
 
 def close_unusable_connections() -> None:

@@ -121,9 +121,9 @@ class PrivateConnection:
                 wrapper.close()
 
 
-def migration_state(alias: str) -> tuple[list[str], list[str]]:
-    """The django_leader tables missing in database ``alias``, and its migrations not
-    applied there (as ``migrate`` would see them: squashes, ``MIGRATION_MODULES``).
+def migration_state(alias: str, app_label: str = "django_leader") -> tuple[list[str], list[str]]:
+    """The tables of app ``app_label`` missing in database ``alias``, and its migrations
+    not applied there (as ``migrate`` would see them: squashes, ``MIGRATION_MODULES``).
 
     Looks over a private connection with the store's timeouts, closed at once, and never
     creates a SQLite file (a missing file: every table is missing). Raises whatever the
@@ -131,7 +131,7 @@ def migration_state(alias: str) -> tuple[list[str], list[str]]:
     from django.apps import apps
     from django.db.migrations.loader import MigrationLoader
 
-    tables_of = sorted(m._meta.db_table for m in apps.get_app_config("django_leader").get_models())
+    tables_of = sorted(m._meta.db_table for m in apps.get_app_config(app_label).get_models())
     name = str(connections[alias].settings_dict.get("NAME") or "")
     in_memory = name in ("", ":memory:") or "mode=memory" in name
     if (
@@ -154,13 +154,13 @@ def migration_state(alias: str) -> tuple[list[str], list[str]]:
         loader = MigrationLoader(wrapper, ignore_no_migrations=True)
         plan = [
             key
-            for leaf in loader.graph.leaf_nodes("django_leader")
+            for leaf in loader.graph.leaf_nodes(app_label)
             for key in loader.graph.forwards_plan(leaf)
         ]
         unapplied = [
             migration
             for app, migration in dict.fromkeys(plan)
-            if app == "django_leader" and (app, migration) not in loader.applied_migrations
+            if app == app_label and (app, migration) not in loader.applied_migrations
         ]
     finally:
         probe.close()

@@ -179,3 +179,26 @@ def test_a_database_scheduler_on_sqlite_without_immediate_transactions_is_w015(
         configure(project, 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}')
         result = run(project, "check")
         assert (result.returncode, result.stdout) == (0, NO_ISSUES)
+
+
+def test_a_database_scheduler_without_its_tables_is_w016(project: Path) -> None:
+    """The HA beat how-to once migrated ``django_leader`` only: the elected beat then
+    failed at every tick on django-celery-beat's missing tables, holding the lease."""
+    pytest.importorskip("django_celery_beat")
+    configure(
+        project,
+        'INSTALLED_APPS += ["django_celery_beat"]\n'
+        'DJANGO_LEADER = {"BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}\n'
+        'CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"',
+    )
+    import django
+
+    if django.VERSION >= (5, 1):  # else W015 stays: no IMMEDIATE transactions before 5.1
+        configure(project, 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}')
+    output = assert_clean_warning(run(project, "check"), "django_leader.W016")
+    assert "django_celery_beat_crontabschedule" in output
+    assert "the elected beat would fail at every tick" in output
+    migrated = run(project, "migrate")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    assert "W016" not in migrated.stdout + migrated.stderr  # it is creating them
+    assert "W016" not in run(project, "check").stderr
