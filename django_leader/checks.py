@@ -134,28 +134,39 @@ def check_migrations(
     ``migrate`` passes the database it migrates: of that database it says nothing, since
     the command is about to create the tables (it looked alarming on a first ``migrate``).
     """
-    from .backends import migration_state
-
     alias = _lease_database()
-    if alias is None or (databases is not None and alias in databases):
+    if alias is None:
         return []
-    try:
-        missing_tables, unapplied = migration_state(alias)
-    except Exception:  # unreachable, or database access not allowed here (tests)
-        return []
-    if missing_tables:
-        what = f"django_leader table(s) {', '.join(missing_tables)} missing"
-    elif unapplied:
-        what = f"django_leader migration(s) {', '.join(unapplied)} not applied"
-    else:
+    what = _not_migrated(alias, "django_leader", databases)
+    if what is None:
         return []
     return [
         Warning(
-            f"{what} in database {alias!r}",
+            f"django_leader {what} in database {alias!r}",
             hint=f"Run `manage.py migrate django_leader --database {alias}`.",
             id="django_leader.W002",
         )
     ]
+
+
+def _not_migrated(alias: str, app_label: str, databases: Any) -> str | None:
+    """What of app ``app_label`` is not migrated in database ``alias`` (``"table(s) …
+    missing"``, ``"migration(s) … not applied"``), or None: all is, the database cannot be
+    looked at, or ``migrate`` is migrating it (it passes its database to the checks, and
+    is about to create the tables: a warning then looked alarming on a first migrate)."""
+    from .backends import migration_state
+
+    if databases is not None and alias in databases:
+        return None
+    try:
+        missing_tables, unapplied = migration_state(alias, app_label)
+    except Exception:  # unreachable, or database access not allowed here (tests)
+        return None
+    if missing_tables:
+        return f"table(s) {', '.join(missing_tables)} missing"
+    if unapplied:
+        return f"migration(s) {', '.join(unapplied)} not applied"
+    return None
 
 
 @register(Tags.database)
@@ -282,20 +293,11 @@ def _check_database_scheduler_tables(databases: Any) -> list[CheckMessage]:
     from django.db import router
     from django_celery_beat.models import PeriodicTask
 
-    from .backends import migration_state
-
     alias = router.db_for_write(PeriodicTask)
-    if alias not in connections.settings or (databases is not None and alias in databases):
+    if alias not in connections.settings:
         return []
-    try:
-        missing_tables, unapplied = migration_state(alias, "django_celery_beat")
-    except Exception:  # unreachable, or database access not allowed here (tests)
-        return []
-    if missing_tables:
-        what = f"table(s) {', '.join(missing_tables)} missing"
-    elif unapplied:
-        what = f"migration(s) {', '.join(unapplied)} not applied"
-    else:
+    what = _not_migrated(alias, "django_celery_beat", databases)
+    if what is None:
         return []
     return [
         Warning(

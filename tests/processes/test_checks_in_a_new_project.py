@@ -18,6 +18,12 @@ import pytest
 pytest.importorskip("celery")
 
 SITE = "mysite"
+# django-celery-beat's scheduler behind LeaderScheduler, as the HA beat how-to sets it up.
+DATABASE_SCHEDULER = """
+INSTALLED_APPS += ["django_celery_beat"]
+DJANGO_LEADER = {"BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}
+CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"
+"""
 NO_ISSUES = "System check identified no issues (0 silenced).\n"
 
 # A sitecustomize.py that makes ``import packaging`` fail as in a venv without it.
@@ -163,12 +169,7 @@ def test_a_database_scheduler_on_sqlite_without_immediate_transactions_is_w015(
     beat could not save an entry ("database is locked": the other beat was writing to the
     lease table) and never sent it. IMMEDIATE transactions take the lock at their start."""
     pytest.importorskip("django_celery_beat")
-    configure(
-        project,
-        'INSTALLED_APPS += ["django_celery_beat"]\n'
-        'DJANGO_LEADER = {"BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}\n'
-        'CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"',
-    )
+    configure(project, DATABASE_SCHEDULER)
     assert_clean_warning(run(project, "migrate"), "django_leader.W015")
     output = assert_clean_warning(run(project, "check"), "django_leader.W015")
     assert "'database is locked'" in output
@@ -185,12 +186,7 @@ def test_a_database_scheduler_without_its_tables_is_w016(project: Path) -> None:
     """The HA beat how-to once migrated ``django_leader`` only: the elected beat then
     failed at every tick on django-celery-beat's missing tables, holding the lease."""
     pytest.importorskip("django_celery_beat")
-    configure(
-        project,
-        'INSTALLED_APPS += ["django_celery_beat"]\n'
-        'DJANGO_LEADER = {"BEAT_SCHEDULER": "django_celery_beat.schedulers:DatabaseScheduler"}\n'
-        'CELERY_BEAT_SCHEDULER = "django_leader.celery:LeaderScheduler"',
-    )
+    configure(project, DATABASE_SCHEDULER)
     import django
 
     if django.VERSION >= (5, 1):  # else W015 stays: no IMMEDIATE transactions before 5.1
