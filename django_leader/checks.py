@@ -23,7 +23,9 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -131,13 +133,13 @@ def check_migrations(
     never creates a SQLite file. A database it cannot reach makes it say nothing: that is
     :func:`check_database`'s E003, when databases are checked on purpose.
 
-    ``migrate`` passes the database it migrates: of that database it says nothing, since
-    the command is about to create the tables (it looked alarming on a first ``migrate``).
+    Inside ``migrate`` it says nothing, since the command is about to create the tables
+    (it looked alarming on a first ``migrate``).
     """
     alias = _lease_database()
     if alias is None:
         return []
-    what = _not_migrated(alias, "django_leader", databases)
+    what = _not_migrated(alias, "django_leader")
     if what is None:
         return []
     return [
@@ -149,14 +151,14 @@ def check_migrations(
     ]
 
 
-def _not_migrated(alias: str, app_label: str, databases: Any) -> str | None:
+def _not_migrated(alias: str, app_label: str) -> str | None:
     """What of app ``app_label`` is not migrated in database ``alias`` (``"table(s) …
     missing"``, ``"migration(s) … not applied"``), or None: all is, the database cannot be
-    looked at, or ``migrate`` is migrating it (it passes its database to the checks, and
-    is about to create the tables: a warning then looked alarming on a first migrate)."""
+    looked at, or the checks run inside ``migrate``, which is about to create the tables
+    (a warning then looked alarming on a first migrate)."""
     from .backends import migration_state
 
-    if databases is not None and alias in databases:
+    if _inside_migrate():
         return None
     try:
         missing_tables, unapplied = migration_state(alias, app_label)
@@ -167,6 +169,21 @@ def _not_migrated(alias: str, app_label: str, databases: Any) -> str | None:
     if unapplied:
         return f"migration(s) {', '.join(unapplied)} not applied"
     return None
+
+
+def _inside_migrate() -> bool:
+    """Whether these checks run inside ``manage.py migrate`` (or a subclass of it). Its
+    arguments to the checks cannot tell: Django 6 passes every database alias to every
+    check in a plain ``check`` too. So look for the command up the stack."""
+    migrate = sys.modules.get("django.core.management.commands.migrate")
+    if migrate is None:
+        return False
+    frame = inspect.currentframe()
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), migrate.Command):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @register(Tags.database)
@@ -251,7 +268,7 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     else:
         if wrapped.__module__.startswith("django_celery_beat"):
             messages += _check_database_scheduler_on_sqlite()
-            messages += _check_database_scheduler_tables(kwargs.get("databases"))
+            messages += _check_database_scheduler_tables()
     beat_scheduler = str(getattr(settings, "CELERY_BEAT_SCHEDULER", "") or "")
     if "LeaderScheduler" in beat_scheduler:
         try:
@@ -285,7 +302,7 @@ def check_celery_beat(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     return messages
 
 
-def _check_database_scheduler_tables(databases: Any) -> list[CheckMessage]:
+def _check_database_scheduler_tables() -> list[CheckMessage]:
     """W016: django-celery-beat's tables missing or its migrations not applied (a how-to
     once migrated ``django_leader`` only): the elected beat fails at every tick while it
     holds the lease. Quiet, as W002, on the database ``migrate`` is migrating, and on a
@@ -296,7 +313,7 @@ def _check_database_scheduler_tables(databases: Any) -> list[CheckMessage]:
     alias = router.db_for_write(PeriodicTask)
     if alias not in connections.settings:
         return []
-    what = _not_migrated(alias, "django_celery_beat", databases)
+    what = _not_migrated(alias, "django_celery_beat")
     if what is None:
         return []
     return [
