@@ -11,7 +11,6 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -51,15 +50,6 @@ def change_url(name: str) -> str:
 
 def release_url(name: str) -> str:
     return reverse("admin:django_leader_lease_release", args=[quote(name)])
-
-
-@pytest.fixture
-def store() -> Iterator[Any]:
-    """The configured backend, the one the admin uses; its connections closed afterwards."""
-    backend = get_backend()
-    yield backend
-    backend.flush_history(10)
-    backend.close()
 
 
 @pytest.fixture

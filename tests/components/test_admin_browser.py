@@ -31,7 +31,6 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from django_leader.admin import constants
-from django_leader.backends import get_backend
 from django_leader.models import LeaseEvent
 from tests.support.stores import REQUIRE_SERVICES, history
 from tests.support.waiting import wait_until
@@ -75,14 +74,6 @@ def browser_available() -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"browser test cannot run: {reason}")
     pytest.skip(f"browser test skipped: {reason}")
-
-
-@pytest.fixture
-def store() -> Iterator[Any]:
-    backend = get_backend()
-    yield backend
-    backend.flush_history(10)
-    backend.close()
 
 
 @pytest.fixture

@@ -60,16 +60,10 @@ def _release_in_thread(backend: Any, lease: Any) -> None:
         backend.close()
 
 
-def test_lock_excludes_other_threads(backend: Any, lease_name: str) -> None:
-    inside = threading.Event()
-    leave = threading.Event()
-    outcome: list[Any] = []
-
-    def holder() -> None:
-        with lock(lease_name, ttl=30, backend=backend):
-            inside.set()
-            leave.wait(WAIT)
-        backend.close()
+def try_from_another_thread(lease_name: str, backend: Any) -> list[str]:
+    """One non-blocking ``lock()`` attempt in a thread of its own: ``["entered"]`` or
+    ``["refused"]`` (empty if the thread did not finish within WAIT)."""
+    outcome: list[str] = []
 
     def contender() -> None:
         try:
@@ -80,12 +74,26 @@ def test_lock_excludes_other_threads(backend: Any, lease_name: str) -> None:
         finally:
             backend.close()
 
+    thread = threading.Thread(target=contender)
+    thread.start()
+    thread.join(WAIT)
+    return outcome
+
+
+def test_lock_excludes_other_threads(backend: Any, lease_name: str) -> None:
+    inside = threading.Event()
+    leave = threading.Event()
+
+    def holder() -> None:
+        with lock(lease_name, ttl=30, backend=backend):
+            inside.set()
+            leave.wait(WAIT)
+        backend.close()
+
     t = threading.Thread(target=holder)
     t.start()
     assert inside.wait(WAIT)
-    c = threading.Thread(target=contender)
-    c.start()
-    c.join()
+    outcome = try_from_another_thread(lease_name, backend)
     leave.set()
     t.join()
     assert outcome == ["refused"]
@@ -257,21 +265,8 @@ def test_nested_lock_in_one_task_reenters(backend: Any, lease_name: str) -> None
 
 
 def test_thread_started_inside_a_lock_is_another_holder(backend: Any, lease_name: str) -> None:
-    outcome: list[str] = []
-
-    def contender() -> None:
-        try:
-            with lock(lease_name, backend=backend, blocking=False):
-                outcome.append("entered")
-        except LeaseHeld:
-            outcome.append("refused")
-        finally:
-            backend.close()
-
     with lock(lease_name, ttl=30, backend=backend):
-        thread = threading.Thread(target=contender)
-        thread.start()
-        thread.join(WAIT)
+        outcome = try_from_another_thread(lease_name, backend)
     assert outcome == ["refused"]
 
 
