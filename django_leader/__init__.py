@@ -1,13 +1,15 @@
 """django-leader: leader election and distributed locks for Django, with leases in your
 database or Redis.
 
-Public names: :class:`Elector`, :func:`lock`, :class:`Lease`, :func:`current_lease`, and the
+Public names: :class:`Elector`, :func:`lock`, :func:`observe`, :class:`Lease`,
+:func:`current_lease`, the election's :class:`Mode` and :class:`Candidate`, and the
 exceptions :class:`LeaderError`, :class:`LeaseHeld`, :class:`LeadershipLost`,
 :class:`BackendUnavailable`.
 """
 
 from __future__ import annotations
 
+from .election import Candidate, Mode
 from .elector import Elector
 from .exceptions import (
     BackendUnavailable,
@@ -18,17 +20,21 @@ from .exceptions import (
 )
 from .lease import Lease, current_lease
 from .locks import lock
+from .observe import observe
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "BackendUnavailable",
+    "Candidate",
     "Elector",
     "LeaderError",
     "LeadershipLost",
     "Lease",
     "LeaseHeld",
+    "Mode",
     "NotSupportedError",
     "current_lease",
     "lock",
+    "observe",
 ]

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "HISTORY_RETENTION": 30,
     "BEAT_SCHEDULER": "celery.beat:PersistentScheduler",
     "LOCK_DELAY": None,
+    "ELECTION_MODE": "race",
 }
 
 #: Longest lease name accepted (the width of the ``name`` column).
@@ -118,6 +119,9 @@ class LeaderSettings:
     #: Seconds no lease may be taken after the store may have lost state (``LOCK_DELAY``;
     #: None: ``LEASE_TTL``). See :func:`lock_delay`.
     lock_delay: float
+    #: How the waiting candidates take turns (``ELECTION_MODE``): "race", "fifo" or
+    #: "priority" (see :mod:`django_leader.election`).
+    election_mode: str = "race"
 
 
 def _build() -> LeaderSettings:
@@ -169,7 +173,14 @@ def _build() -> LeaderSettings:
             "no lease may be taken after the store may have forgotten leases), "
             f"got {lock_delay!r}"
         )
+    from .election import validate_mode
+
+    try:
+        mode = validate_mode(conf["ELECTION_MODE"]).value
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DJANGO_LEADER['ELECTION_MODE']: {exc}") from None
     return LeaderSettings(
+        election_mode=mode,
         backend=conf["BACKEND"],
         database=conf["DATABASE"],
         cache=conf["CACHE"],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -12,10 +13,26 @@ from concurrent.futures import Future
 from contextlib import suppress
 from typing import Any
 
-from . import hooks
-from .backends.base import Backend
-from .conf import default_identity, resolve_timing, validate_identity, validate_name
-from .exceptions import BackendUnavailable
+from . import hooks, signals
+from .backends.base import Backend, Watch
+from .conf import (
+    default_identity,
+    get_settings,
+    resolve_timing,
+    validate_identity,
+    validate_name,
+)
+from .election import (
+    Candidate,
+    Mode,
+    may_try,
+    next_in_line,
+    place,
+    preempted_by,
+    validate_mode,
+    validate_priority,
+)
+from .exceptions import BackendUnavailable, NotSupportedError
 from .lease import Lease, LossReason, _use_lease, clock
 from .term import StoreCaller, Term, attempt, call_bound, log_extra, resolve_backend
 
@@ -31,6 +48,13 @@ WORK_WAIT_WARNING = 10.0
 ANNOUNCE_BACKOFF = 60.0
 
 _running: weakref.WeakSet[Elector] = weakref.WeakSet()
+
+
+def handover_window(timing: Any) -> float:
+    """Seconds a hand-over lets only its target acquire: long enough for the holder's next
+    renewal to see the request and release, and for the target to take it; a dead target
+    then costs the name no more than that."""
+    return timing.ttl + timing.renew_interval
 
 
 def running_electors(name: str | None = None) -> list[Elector]:
@@ -63,6 +87,9 @@ class Elector:
         retry_interval: float | None = None,
         identity: str | None = None,
         backend: Backend | str | None = None,
+        mode: Mode | str | None = None,
+        priority: int = 0,
+        watchdog: float | None = None,
         on_elected: Callback | None = None,
         on_lost: Callback | None = None,
         on_new_leader: Callback | None = None,
@@ -70,6 +97,15 @@ class Elector:
         self.name = validate_name(name)
         self.timing = resolve_timing(ttl, renew_interval, retry_interval)
         self.identity = validate_identity(identity) if identity is not None else default_identity()
+        self.mode = validate_mode(get_settings().election_mode if mode is None else mode)
+        self.priority = validate_priority(priority)
+        if watchdog is not None and (
+            isinstance(watchdog, bool)
+            or not isinstance(watchdog, (int, float))
+            or not 0 < watchdog < float("inf")
+        ):
+            raise ValueError(f"watchdog must be a number of seconds > 0, got {watchdog!r}")
+        self.watchdog = None if watchdog is None else float(watchdog)
         self.backend = resolve_backend(backend, self.timing)
         for attr, callback in (
             ("on_elected", on_elected),
@@ -101,9 +137,19 @@ class Elector:
         self._last_seen: Lease | None = None
         self._announce_due = 0.0
         self._reader: StoreCaller | None = None  # for leader(), made on first use
+        self._candidate = Candidate.here(self.identity, self.priority)
+        self._follow = threading.Event()  # a waiting candidate's wake-up (store, stop())
+        self._watch: Watch | None = None
+        self._seen_sent = 0.0  # clock() when the attempt that saw _last_seen was sent
+        self._place: int | None = None  # this candidate's place in the queue, 0 = next
+        self._members: dict[str, Candidate] = {}  # the registry as last read
+        self._members_read = 0.0
+        self._reading: Future[list[Candidate] | None] | None = None
+        self._handover_to = ""  # the candidate this leader is to hand over to
+        self._lost_at: float | None = None  # clock() when a term's work was left running
 
     def __repr__(self) -> str:
-        return f"<Elector {self.name!r} as {self.identity!r}>"
+        return f"<Elector {self.name!r} as {self.identity!r} ({self.mode})>"
 
     # -- callbacks (override or pass as keyword arguments) --------------------------------
     def on_elected(self, lease: Lease) -> None:
@@ -133,6 +179,9 @@ class Elector:
 
         Bounded like every store call (docs/api.md, "Bounded store calls"):
         ``BackendUnavailable`` if the store does not answer in time."""
+        return self._read(self.backend.read, self.name)
+
+    def _read(self, call: Callable[..., Any], *args: Any) -> Any:
         with self._state:
             reader = self._reader
             if reader is None:
@@ -141,11 +190,24 @@ class Elector:
                 weakref.finalize(self, reader.close)
         bound = call_bound(self.timing)
         try:
-            return reader.call(bound, self.backend.read, self.name)
+            return reader.call(bound, call, *args)
         except TimeoutError:
             raise BackendUnavailable(
-                f"reading lease {self.name!r}: the store did not answer within {bound:.2f}s"
+                f"reading {self.name!r}: the store did not answer within {bound:.2f}s"
             ) from None
+
+    def candidates(self) -> list[Candidate] | None:
+        """The live candidates of ``name`` from the store's registry, in join order (this
+        elector among them while it waits; not while it leads), or None if the store
+        keeps no registry. Bounded like :meth:`leader`."""
+        return self._read(self.backend.candidates, self.name)
+
+    @property
+    def stuck_for(self) -> float | None:
+        """Seconds since a term ended (lost, watchdog) while its work has not returned yet;
+        None while there is no such work. What the liveness view reads."""
+        lost_at = self._lost_at
+        return None if lost_at is None else max(0.0, clock() - lost_at)
 
     def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Block until this elector leads (True) or ``timeout`` passes (False)."""
@@ -183,6 +245,7 @@ class Elector:
         self._release_on_stop = release
         self._stop.set()
         self._wake.set()
+        self._follow.set()
         with self._state:
             campaigning, ended = self._campaigning, self._ended
         thread = self._thread
@@ -201,6 +264,28 @@ class Elector:
         self._resign_backoff = self.timing.retry_interval if backoff is None else backoff
         self._wake.set()
 
+    def hand_over(self, to: str | None = None) -> None:
+        """Step down in favour of candidate ``to`` (default: the next in line): like
+        :meth:`resign`, and the store lets only ``to`` take the lease for a while (as with
+        ``manage.py leader handover``; a store that cannot gate acquisitions only wakes
+        it). A no-op while not leading."""
+        lease = self.lease
+        if lease is None:
+            return
+        if to is None:
+            first = next_in_line(self.candidates() or [], self.mode, holder=self.identity)
+            to = first.identity if first is not None else ""
+        if to:
+            with suppress(NotSupportedError):
+                self._read(
+                    functools.partial(self.backend.request_handover, actor=self.identity),
+                    self.name,
+                    to,
+                    handover_window(self.timing),
+                )
+        self._handover_to = to or "*"
+        self._wake.set()
+
     def run(self, work: Work | None = None) -> None:
         """Campaign until :meth:`stop`; each time elected, run ``work(lease)`` in a thread."""
         self._stop.clear()
@@ -215,20 +300,26 @@ class Elector:
         with self._state:
             self._campaigning, self._ended = threading.current_thread(), ended
         try:
-            logger.info("%s campaigning for %r", self.identity, self.name)
+            logger.info("%s campaigning for %r (%s)", self.identity, self.name, self.mode)
+            self._open_watch()
             while not self._stop.is_set():
+                self._follow.clear()  # a wake-up from now on is for the next attempt
                 lease = self._campaign(caller)
                 if lease is None:
                     self._announce(caller)
-                    self._stop.wait(self.timing.retry_interval)
+                    self._follow.wait(self._poll_interval())
                     continue
+                self._leave_queue(caller)
                 self._lead(lease, work, caller)
-                self._announce_due = 0.0  # a follower again: say so at the next attempt
+                self._announce_due = 0.0  # a follower again: join the tail of the queue
                 backoff, self._resign_backoff = self._resign_backoff, None
                 if not self._stop.is_set():
                     self._stop.wait(self.timing.retry_interval if backoff is None else backoff)
         finally:
             _running.discard(self)
+            watch, self._watch = self._watch, None
+            if watch is not None:
+                watch.close()
             if self._announcing is not None:
                 self._announcing = None
                 with suppress(TimeoutError, RuntimeError):
@@ -249,6 +340,9 @@ class Elector:
     def _campaign(self, caller: StoreCaller) -> Lease | None:
         timing = self.timing
         bound = timing.ttl - timing.safety_margin  # an answer after it could not be used
+        if self.mode is not Mode.RACE and not self._my_turn(caller):
+            return None
+        self._seen_sent = clock()
         try:
             acquired, current = attempt(
                 self.backend, caller, self.name, self.identity, timing, bound, self._label
@@ -273,7 +367,124 @@ class Elector:
             self._measure_leaderless(acquired)
         if current is not None:
             self._observe(current)
+        else:
+            self._last_seen = None
         return acquired
+
+    # -- the queue (fifo, priority) and wake-ups ------------------------------------------
+    def _my_turn(self, caller: StoreCaller) -> bool:
+        """fifo/priority: whether this candidate is first in the queue (or the registry is
+        unknown: then every candidate races). When it is not, read who leads instead (for
+        ``on_new_leader`` and to know when that lease would run out)."""
+        if self._announce_failed:
+            return True  # not in the registry: a queue it cannot join must not lock it out
+        members = self._read_members(caller)
+        if members is None:
+            return True
+        self._place = place(self.identity, members, self.mode)
+        if may_try(self.identity, members, self.mode):
+            return True
+        if self._place is None:
+            self._announce_due = 0.0  # not queued (expired, or new): join at once
+        self._seen_sent = clock()
+        try:
+            current = caller.call(call_bound(self.timing), self.backend.read, self.name)
+        except Exception as exc:
+            logger.debug("reading %r failed: %s", self.name, exc)
+            return False
+        if current is not None:
+            self._observe(current)
+        else:
+            self._last_seen = None
+        return False
+
+    def _read_members(self, caller: StoreCaller) -> list[Candidate] | None:
+        """The registry, read now (None if unknown), with the membership signals."""
+        try:
+            members = caller.call(call_bound(self.timing), self.backend.candidates, self.name)
+        except Exception as exc:
+            logger.debug("reading the candidates of %r failed: %s", self.name, exc)
+            return None
+        if members is not None:
+            self._membership(members)
+        return members
+
+    def _membership(self, members: list[Candidate]) -> None:
+        """Send ``candidate_joined`` / ``candidate_left`` / ``candidate_expired`` for what
+        changed since the registry was last read (best effort: a candidate that came and
+        went between two reads is not seen)."""
+        now = clock()
+        known, self._members = self._members, {c.identity: c for c in members}
+        read_before, self._members_read = self._members_read, now
+        if not read_before:
+            return  # the first read: nothing to compare with
+        for identity, candidate in self._members.items():
+            if identity not in known:
+                signals.send(signals.candidate_joined, self, name=self.name, candidate=candidate)
+        for identity, candidate in known.items():
+            if identity in self._members:
+                continue
+            expired = False
+            if candidate.expires_at is not None and candidate.seen_at is not None:
+                # Its heartbeat would have run out by now (store time elapsed since the
+                # read that last saw it, measured here).
+                lifetime = (candidate.expires_at - candidate.seen_at).total_seconds()
+                expired = now - read_before >= lifetime * 0.9
+            signal = signals.candidate_expired if expired else signals.candidate_left
+            signals.send(signal, self, name=self.name, candidate=candidate)
+
+    def _open_watch(self) -> None:
+        try:
+            self._watch = self.backend.watch(self.name, self._follow.set, identity=self.identity)
+        except Exception as exc:  # no wake-ups: poll
+            logger.warning("cannot watch %r for wake-ups, polling: %s", self.name, exc)
+            self._watch = None
+
+    def _poll_interval(self) -> float:
+        """How long a waiting candidate sleeps unless woken: ``retry_interval`` without
+        live wake-ups (and for the first two of a fifo/priority queue, so that a dead head
+        is skipped promptly); with them, until the lease it last saw would run out (a
+        crashed holder's), at most ``max(ttl, retry_interval)``."""
+        retry = self.timing.retry_interval
+        watch = self._watch
+        if watch is None or not watch.live:
+            return retry
+        if self.mode is not Mode.RACE and (self._place is None or self._place <= 1):
+            return retry
+        cap = max(retry, self.timing.ttl)
+        seen = self._last_seen
+        if seen is None or seen.expires_in is None:
+            return retry if self.mode is Mode.RACE else cap
+        until = self._seen_sent + seen.expires_in + 0.005 - clock()
+        return min(cap, max(0.005, until))
+
+    def _leave_queue(self, caller: StoreCaller) -> None:
+        """Elected: leave the registry (in the background), so that after this term the
+        next announcement joins the tail of the queue."""
+        self._place = None
+        if self.mode is Mode.RACE:
+            return
+        with suppress(RuntimeError):
+            caller.submit(
+                self._quietly,
+                self.backend.withdraw,
+                self.name,
+                self.identity,
+                bound=self.timing.call_timeout,
+            )
+
+    def _wake_next(self, caller: StoreCaller, to: str) -> None:
+        """After a release: wake whoever may take the lease now — ``to``, the next in the
+        queue (fifo, priority), or every waiting candidate (race)."""
+        bound = call_bound(self.timing)
+        try:
+            if not to and self.mode is not Mode.RACE:
+                members = caller.call(bound, self.backend.candidates, self.name)
+                first = next_in_line(members or [], self.mode, holder=self.identity)
+                to = first.identity if first is not None else ""
+            caller.call(bound, self.backend.wake, self.name, to or None)
+        except Exception as exc:  # they poll
+            logger.debug("waking the candidates of %r failed: %s", self.name, exc)
 
     @property
     def _label(self) -> str:
@@ -299,7 +510,7 @@ class Elector:
             future = caller.submit(
                 self.backend.announce,
                 self.name,
-                self.identity,
+                self._candidate,
                 ttl,
                 bound=self.timing.call_timeout,
             )
@@ -363,6 +574,7 @@ class Elector:
     def _lead(self, lease: Lease, work: Work | None, caller: StoreCaller) -> None:
         self._work_error = None
         self._resign_backoff = None
+        self._handover_to = ""
         term = Term(
             self.backend,
             lease,
@@ -371,8 +583,10 @@ class Elector:
             sender=self,
             label=self._label,
             on_lost=self._renewer_lost,
+            on_renewed=self._renewed,
         )
         self._lease = lease
+        lease._beat = clock()  # the watchdog counts from the election
         term.begin()
         self._elected.set()
         self._callback(self.on_elected, lease)
@@ -388,31 +602,38 @@ class Elector:
             )
             worker.start()
 
-        while True:
-            self._wake.clear()
-            if (
-                not lease.held  # lost, or its deadline passed (whoever noticed first)
-                or self._stop.is_set()
-                or self._work_error is not None
-                or self._resign_backoff is not None
-            ):
-                break
-            # Woken by the renewer, stop(), resign() or the work; and at the deadline at
-            # the latest, should the renewer not be there to say so.
-            self._wake.wait(max(0.0, (lease.deadline or 0.0) - clock()))
+        stuck = self._hold(lease, caller)
 
         self._elected.clear()
+        to = ""
         if self._stop.is_set():
             stepped_down = term.step_down(LossReason.STOPPED)
         elif self._work_error is not None:
             stepped_down = term.step_down(LossReason.WORK_RAISED, repr(self._work_error))
+        elif stuck:
+            stepped_down = term.step_down(
+                LossReason.WATCHDOG, f"no lease.heartbeat() for {self.watchdog:g}s"
+            )
+        elif self._handover_to:
+            to = "" if self._handover_to == "*" else self._handover_to
+            stepped_down = term.step_down(LossReason.HANDED_OVER, f"to {to or 'the next in line'}")
         else:
             stepped_down = term.step_down(LossReason.RESIGNED)
         if not stepped_down:  # lost, not given up: say so now
             term.signal_lost()
         self._callback(self.on_lost, lease)
 
+        release = not (self._stop.is_set() and not self._release_on_stop)
+        if stuck:
+            # The work does not answer: hand the lease on now rather than hold it for a
+            # process that cannot lead; the liveness view reports the work left running.
+            self._lost_at = clock()
+            if term.end(release=release):
+                self._wake_next(caller, to)
+            self._lease = None
         if worker is not None:
+            if not lease.held and self._lost_at is None:
+                self._lost_at = clock()
             # The renewer keeps the lease alive while the work winds down after stop();
             # after a real loss nobody can, so waiting is all there is to do.
             while worker.is_alive():
@@ -423,10 +644,96 @@ class Elector:
                         self.name,
                         extra=log_extra(lease),
                     )
-        self._lease = None
-        # Without a release (stop(release=False), or a failed one) listeners hear of the
-        # end all the same: the term sends leader_lost then.
-        term.end(release=not (self._stop.is_set() and not self._release_on_stop))
+        self._lost_at = None
+        if not stuck:
+            self._lease = None
+            # Without a release (stop(release=False), or a failed one) listeners hear of
+            # the end all the same: the term sends leader_lost then.
+            if term.end(release=release):
+                self._wake_next(caller, to)
+
+    def _hold(self, lease: Lease, caller: StoreCaller) -> bool:
+        """Lead until the term must end; True if the watchdog ended it.
+
+        Every ``renew_interval`` the registry is read: the membership signals, and in
+        ``priority`` mode a higher-priority candidate to hand over to."""
+        next_read = clock()
+        while True:
+            self._wake.clear()
+            if (
+                not lease.held  # lost, or its deadline passed (whoever noticed first)
+                or self._stop.is_set()
+                or self._work_error is not None
+                or self._resign_backoff is not None
+                or self._handover_to
+            ):
+                return False
+            now = clock()
+            wake_at = lease.deadline or now
+            if self.watchdog is not None:
+                beat = lease._beat or now
+                if now - beat >= self.watchdog:
+                    logger.warning(
+                        "work for %r did not call lease.heartbeat() for %.1fs (watchdog "
+                        "%gs): stepping down",
+                        self.name,
+                        now - beat,
+                        self.watchdog,
+                        extra=log_extra(lease),
+                    )
+                    return True
+                wake_at = min(wake_at, beat + self.watchdog)
+            if now >= next_read:
+                next_read = now + self.timing.renew_interval
+                self._read_registry(caller)
+            wake_at = min(wake_at, next_read)
+            # Woken by the renewer, stop(), resign(), hand_over(), the registry read or the
+            # work; and at the deadline at the latest, should the renewer not say so.
+            self._wake.wait(max(0.0, wake_at - clock()))
+
+    def _read_registry(self, caller: StoreCaller) -> None:
+        """Read the registry in the background (at most one read in flight)."""
+        if self._reading is not None and not self._reading.done():
+            return
+        try:
+            future = caller.submit(
+                self.backend.candidates, self.name, bound=self.timing.call_timeout
+            )
+        except RuntimeError:
+            return
+        self._reading = future
+        future.add_done_callback(self._registry_read)
+
+    def _registry_read(self, future: Future[list[Candidate] | None]) -> None:
+        try:
+            members = future.result()
+        except Exception as exc:
+            logger.debug("reading the candidates of %r failed: %s", self.name, exc)
+            return
+        if members is None:
+            return
+        self._membership(members)
+        if self.mode is Mode.PRIORITY and self.is_leader:
+            first = preempted_by(self.priority, members, holder=self.identity)
+            if first is not None and not self._handover_to:
+                logger.info(
+                    "%s hands %r over to %s (priority %d > %d)",
+                    self.identity,
+                    self.name,
+                    first.identity,
+                    first.priority,
+                    self.priority,
+                )
+                self._handover_to = first.identity
+                self._wake.set()
+
+    def _renewed(self, lease: Lease) -> None:
+        """After each renewal: has an operator asked for a hand-over (``leader handover``)?"""
+        to = lease.handover_to
+        if to and to != self.identity and not self._handover_to:
+            logger.info("%s hands %r over to %s, as asked", self.identity, self.name, to)
+            self._handover_to = to
+            self._wake.set()
 
     def _renewer_lost(self, term: Term) -> None:
         self._wake.set()

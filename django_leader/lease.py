@@ -25,6 +25,9 @@ class EventKind(str, Enum):
     LOST = "lost"
     #: An operator freed the lease (``leader release``, the admin's action).
     FORCED_RELEASE = "forced_release"
+    #: An operator asked the holder to hand the lease over (``leader handover``, the
+    #: admin's action); ``detail`` names the candidate it goes to.
+    HANDOVER = "handover"
 
     def __str__(self) -> str:
         return self.value
@@ -48,6 +51,10 @@ class LossReason(str, Enum):
     #: of a ``lock()`` block.
     STOPPED = "elector stopped"
     RESIGNED = "resigned"
+    #: Handed over on request (``leader handover``) or to a higher-priority candidate.
+    HANDED_OVER = "handed over"
+    #: The work did not call ``lease.heartbeat()`` within the Elector's ``watchdog``.
+    WATCHDOG = "watchdog: the work stopped heart-beating"
     WORK_RAISED = "work raised"
     RELEASED = "released"
 
@@ -100,12 +107,18 @@ class Lease:
     #: lost; ``None`` for a snapshot of someone else's lease.
     deadline: float | None = field(default=None, repr=False)
     previous_holder: str = field(default="", repr=False)
-    #: The store's clock when this snapshot was read (``Backend.read``), else None.
+    #: The store's clock when this snapshot was read (``Backend.read``, and the current
+    #: holder an ``acquire`` reports), else None.
     read_at: datetime | None = field(default=None, repr=False)
+    #: The candidate an operator asked the holder to hand the lease over to (``leader
+    #: handover``), while that request stands; "" otherwise.
+    handover_to: str = field(default="", repr=False)
     #: How ``fenced()`` fences writes: set on a lease this process was granted (copies
     #: and renewals keep it), None on a snapshot.
     _fence: Fence | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    #: ``clock()`` of the last :meth:`heartbeat` (the watchdog of an Elector reads it).
+    _beat: float | None = field(default=None, repr=False, compare=False)
 
     @property
     def held(self) -> bool:
@@ -152,6 +165,12 @@ class Lease:
             raise LeadershipLost(f"lease {self.name!r} is a snapshot, not a held lease")
         return self._fence(self)
 
+    def heartbeat(self) -> None:
+        """Tell the Elector's watchdog that the work is alive (``Elector(watchdog=S)``: a
+        work that goes S seconds without calling this is deemed stuck, and the elector
+        steps down). Cheap and local: no store call. Harmless without a watchdog."""
+        self._beat = clock()
+
     # -- internal -------------------------------------------------------------------------
     def _mark_lost(self, cause: LossReason, detail: str = "") -> bool:
         """Set ``lost`` once, saying why; return True if this call did it."""
@@ -175,6 +194,7 @@ class Lease:
                 return False
             self.renewed_at = other.renewed_at
             self.expires_at = other.expires_at
+            self.handover_to = other.handover_to
             self.deadline = deadline
             return True
 

@@ -28,6 +28,12 @@ class Lease(models.Model):
     acquired_at = models.DateTimeField(_("acquired at"))
     renewed_at = models.DateTimeField(_("renewed at"))
     expires_at = models.DateTimeField(_("expires at"))
+    #: ``leader handover``: the candidate the holder is to hand over to, and until when
+    #: (server clock) nobody else may take the lease.
+    handover_to = models.CharField(
+        _("hand over to"), max_length=MAX_IDENTITY_LENGTH, blank=True, default=""
+    )
+    handover_until = models.DateTimeField(_("hand-over gate until"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("lease")
@@ -48,6 +54,7 @@ class LeaseEvent(models.Model):
         RELEASED = EventKind.RELEASED.value, _("released")
         LOST = EventKind.LOST.value, _("lost")
         FORCED_RELEASE = EventKind.FORCED_RELEASE.value, _("force-released")
+        HANDOVER = EventKind.HANDOVER.value, _("hand-over requested")
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH)
@@ -76,16 +83,23 @@ class LeaseEvent(models.Model):
 
 
 class LeaseCandidate(models.Model):
-    """An Elector campaigning for a lease, as it last announced itself.
+    """An Elector campaigning for a lease, as it last announced itself (its heartbeat).
 
-    What ``manage.py leader status`` lists as candidates. Never part of a lease decision:
-    followers upsert their row every few seconds, best effort, and a row whose
-    ``expires_at`` passed (by the database server's clock) no longer counts.
+    The registry the ``fifo`` and ``priority`` election modes read and ``manage.py leader
+    status`` lists. Never part of a lease decision: followers upsert their row every few
+    seconds, best effort, and a row whose ``expires_at`` passed (by the database server's
+    clock) no longer counts. ``id`` is the join order: a candidate that joins again (after
+    leading, or once its row expired) gets a new row at the tail.
     """
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH)
     identity = models.CharField(_("identity"), max_length=MAX_IDENTITY_LENGTH)
+    priority = models.IntegerField(_("priority"), default=0)
+    host = models.CharField(_("host"), max_length=255, blank=True, default="")
+    pid = models.IntegerField(_("pid"), default=0)
+    version = models.CharField(_("version"), max_length=50, blank=True, default="")
+    joined_at = models.DateTimeField(_("joined at"), null=True)
     seen_at = models.DateTimeField(_("last seen at"))
     expires_at = models.DateTimeField(_("expires at"))
 

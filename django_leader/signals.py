@@ -1,8 +1,13 @@
-"""Django signals sent on leadership changes.
+"""Django signals sent on leadership changes and candidate membership.
 
-Each is sent with ``sender`` = the :class:`~django_leader.Elector` or the lock, and the
-keyword argument ``lease`` (a :class:`~django_leader.Lease`). Receivers run in the thread
-that noticed the change; an exception in a receiver is logged, never propagated.
+The leadership signals are sent with ``sender`` = the :class:`~django_leader.Elector` or the
+lock, and the keyword argument ``lease`` (a :class:`~django_leader.Lease`). The membership
+signals are sent by an Elector that reads the candidate registry — a leader every
+``renew_interval``, a waiting ``fifo``/``priority`` candidate at each attempt — with the
+keyword arguments ``name`` (the lease name) and ``candidate`` (a
+:class:`~django_leader.election.Candidate`), for what changed since its last read.
+Receivers run in the thread that noticed the change; an exception in a receiver is logged,
+never propagated.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ leader_elected = Signal()
 leader_lost = Signal()
 #: This process released ``lease`` on purpose (``stop()``, end of a ``lock()`` block).
 lease_released = Signal()
+
+#: A candidate joined the registry of ``name`` (a new heartbeat).
+candidate_joined = Signal()
+#: A candidate left the registry before its heartbeat ran out (it withdrew: stopped, or
+#: elected).
+candidate_left = Signal()
+#: A candidate's heartbeat ran out (crashed, frozen, cut off) and the store dropped it.
+candidate_expired = Signal()
 
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:

@@ -144,6 +144,7 @@ class Renewer:
         timing: Timing,
         caller: StoreCaller,
         on_lost: Callable[[Lease], None] | None = None,
+        on_renewed: Callable[[Lease], None] | None = None,
     ) -> None:
         if lease.deadline is None:
             raise ValueError("Renewer needs a held lease (with a deadline)")
@@ -152,6 +153,7 @@ class Renewer:
         self.timing = timing
         self.caller = caller
         self.on_lost = on_lost
+        self.on_renewed = on_renewed
         self._stop = threading.Event()
         self._kick = threading.Event()  # set by stop() and by a renewal that completes
         self._report_lock = threading.Lock()
@@ -229,6 +231,11 @@ class Renewer:
                 self._lose(LossReason.ANSWERED_LATE)
                 return
             next_renew = now + timing.renew_interval
+            if self.on_renewed is not None:
+                try:
+                    self.on_renewed(lease)
+                except Exception:
+                    logger.exception("on_renewed handler for %r raised", lease.name)
 
     def _lose(self, cause: LossReason, detail: str = "") -> None:
         """Mark the lease lost and report it, exactly once, whoever marked it first (a
@@ -277,6 +284,7 @@ class Term:
         sender: Any,
         label: str,
         on_lost: Callable[[Term], None] | None = None,
+        on_renewed: Callable[[Lease], None] | None = None,
     ) -> None:
         self.backend = backend
         self.lease = lease
@@ -288,7 +296,9 @@ class Term:
         self._signalled = False
         self._stepped_down = False
         self._lock = threading.Lock()
-        self.renewer = Renewer(backend, lease, timing, caller, on_lost=self._renewer_lost)
+        self.renewer = Renewer(
+            backend, lease, timing, caller, on_lost=self._renewer_lost, on_renewed=on_renewed
+        )
 
     def __repr__(self) -> str:
         return f"<Term {self.lease.name!r} token {self.lease.token}>"

@@ -81,7 +81,7 @@ def read_lease(
         if lease.expires_at is not None:
             row.seconds_left = (periods.utc(lease.expires_at) - read_at).total_seconds()
     if candidates is not None:
-        row.waiting = [identity for identity in candidates if identity != row.holder]
+        row.waiting = [c.identity for c in candidates if c.identity != row.holder]
     last = None
     if row.last is not None:
         last = periods.Change(

@@ -243,7 +243,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             return f"unknown ({exc})"
         if candidates is None:
             return self.get_empty_value_display()
-        waiting = [identity for identity in candidates if identity != row.holder]
+        waiting = [c.identity for c in candidates if c.identity != row.holder]
         return ", ".join(waiting) or str(_("none"))
 
     @admin.display(description=_("acquired at"), ordering="acquired_at")

@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..exceptions import NotSupportedError
 from ..lease import Lease
@@ -39,9 +39,22 @@ if TYPE_CHECKING:
     from django.core.checks import CheckMessage
 
     from ..conf import LeaderSettings
+    from ..election import Candidate
     from .slots import SlotStore
 
 logger = logging.getLogger("django_leader")
+
+
+class Watch(Protocol):
+    """What :meth:`Backend.watch` returns."""
+
+    @property
+    def live(self) -> bool:
+        """True while the store can push wake-ups (its connection is up): a waiting
+        candidate may then poll less often."""
+
+    def close(self) -> None:
+        """End the watch (idempotent)."""
 
 
 class Backend(ABC):
@@ -102,16 +115,38 @@ class Backend(ABC):
         some of the leases may have been renewed: the caller treats none as renewed)."""
         return [self.renew(lease, ttl) for lease in leases]
 
-    def watch(self, name: str, callback: Callable[[], None]) -> Callable[[], None] | None:
-        """Ask the store to call ``callback()`` (from any thread) when ``name`` may have
-        changed hands: released, expired, force-released.
+    def watch(
+        self, name: str, callback: Callable[[], None], *, identity: str | None = None
+    ) -> Watch | None:
+        """Ask the store to call ``callback()`` (from a thread of its own) when ``name`` may
+        have changed hands: on :meth:`wake` of ``name`` for everyone, and — if ``identity``
+        is given — on :meth:`wake` of ``name`` for that identity alone.
 
-        Returns a function that stops the watch, or None when the store cannot push
+        Returns a :class:`Watch` (``close()`` ends it), or None when the store cannot push
         (the default): waiting candidates then poll every ``RETRY_INTERVAL``. A wake-up is
-        only a hint to try :meth:`acquire` early, never a part of the lease decision; a
-        store may call ``callback`` spuriously, and may miss changes.
+        only a hint to try :meth:`acquire` early, never a part of the lease decision: a
+        store may call ``callback`` spuriously (it does after reconnecting, since it may
+        have missed one), and may miss wake-ups while ``Watch.live`` is False.
         """
         return None
+
+    def wake(self, name: str, identity: str | None = None) -> None:  # noqa: B027
+        """Wake the watchers of ``name``: every one (``identity`` None, the race after a
+        release), or only the one watching for ``identity`` (the next in a fifo or priority
+        queue). Best effort; the default does nothing."""
+
+    # -- hand-over on demand -----------------------------------------------------------------
+    def request_handover(
+        self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
+    ) -> Lease | None:
+        """Ask the holder of ``name`` to hand it over to ``to``: the holder learns of it from
+        its next :meth:`renew` (``Lease.handover_to``) and releases; for ``window`` seconds
+        from now (store clock) nobody but ``to`` may :meth:`acquire` the name (not even a
+        free one). Recorded in the history (``handover``, with ``actor``). Returns the
+        lease held when asked (None if nobody held it: then only the gate applies).
+
+        The default raises :class:`~django_leader.exceptions.NotSupportedError`."""
+        raise NotSupportedError(f"{type(self).__name__} cannot hand a lease over")
 
     # -- the store's clock ----------------------------------------------------------------
     def now(self) -> datetime:
@@ -124,19 +159,24 @@ class Backend(ABC):
         return datetime.now(timezone.utc)
 
     # -- candidates -------------------------------------------------------------------------
-    def announce(self, name: str, identity: str, ttl: float) -> None:  # noqa: B027
-        """Note that ``identity`` campaigns for ``name``, until *store now* + ``ttl``.
+    def announce(self, name: str, candidate: Candidate, ttl: float) -> None:  # noqa: B027
+        """Register ``candidate`` as campaigning for ``name``, or renew its heartbeat, until
+        *store now* + ``ttl``.
 
-        What :meth:`candidates` reports. Best effort, and never a part of the lease
-        decision: a store that does not track candidates ignores it.
+        The first announcement (or the first after its last one expired or was withdrawn)
+        puts it at the tail of the queue: the store gives it a ``seq`` greater than every
+        other of the name's and ``joined_at``; later ones update ``seen_at``,
+        ``expires_at`` and its ``priority``, keeping its place. What :meth:`candidates`
+        reports, what the ``fifo`` and ``priority`` modes read; never part of the lease
+        decision. A store that keeps no registry ignores it (the default).
         """
 
     def withdraw(self, name: str, identity: str) -> None:  # noqa: B027
-        """Forget that ``identity`` campaigns for ``name`` (it stopped)."""
+        """Forget that ``identity`` campaigns for ``name`` (it stopped, or leads now)."""
 
-    def candidates(self, name: str) -> list[str] | None:
-        """The identities whose candidacy for ``name`` has not expired (by the store's
-        clock), sorted; None if this store does not track candidates."""
+    def candidates(self, name: str) -> list[Candidate] | None:
+        """The candidates of ``name`` whose heartbeat has not expired (by the store's clock)
+        in join order (``seq``); None if this store keeps no registry."""
         return None
 
     # -- history ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ dropped and the next call reconnects: that is how the backend rides out a databa
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -26,12 +26,14 @@ from django.db.utils import Error as DjangoDBError
 from ..conf import get_settings, lock_delay
 from ..exceptions import BackendUnavailable
 from ..lease import EventKind, Lease
-from .base import Backend
+from .base import Backend, Watch
 from .db_connection import PrivateConnection, migration_state
 from .db_fence import FENCE_FLOOR, fenced_transaction
 from .sql import DIALECTS, StoreNow, aware
+from .wakeups import WakeHub, channel, channels
 
 if TYPE_CHECKING:
+    from ..election import Candidate
     from .db_slots import DatabaseSlots
 
 __all__ = ["FENCE_FLOOR", "DatabaseBackend", "migration_state"]
@@ -76,7 +78,12 @@ class DatabaseBackend(Backend):
         self._table = ops.quote_name(LeaseRow._meta.db_table)
         self._events = ops.quote_name(LeaseEvent._meta.db_table)
         self._candidates = ops.quote_name(LeaseCandidate._meta.db_table)
-        self._select = ", ".join(_COLUMNS)
+        # The columns of a Lease, then who a standing hand-over request names.
+        now = self.dialect.now()
+        self._select = ", ".join(_COLUMNS) + (
+            f", CASE WHEN handover_until > {now} THEN handover_to ELSE '' END"
+        )
+        self._hub: WakeHub | None = None
 
     def __repr__(self) -> str:
         return f"<DatabaseBackend {self.alias!r} ({self.vendor})>"
@@ -162,6 +169,7 @@ class DatabaseBackend(Backend):
             return None
         name, holder, previous, token, transitions, acquired, renewed, expires = row[:8]
         return Lease(
+            handover_to=(row[8] or "") if len(row) > 8 else "",
             name=name,
             holder=holder,
             token=int(token),
@@ -191,13 +199,16 @@ class DatabaseBackend(Backend):
         update = (
             f"UPDATE {self._table} SET previous_holder = holder, holder = %s, "
             f"token = token + 1, transitions = transitions + 1, acquired_at = {now}, "
-            f"renewed_at = {now}, expires_at = {expiry} "
+            f"renewed_at = {now}, expires_at = {expiry}, handover_to = '', "
+            "handover_until = NULL "
             # Expiry alone decides: release() ends the term now, force_release() does not
             # (the holder may not know yet), so nobody is let in while it might still act.
-            f"WHERE name = %s AND expires_at <= {now}"
+            # A standing hand-over request lets in only the candidate it names.
+            f"WHERE name = %s AND expires_at <= {now} AND (handover_until IS NULL OR "
+            f"handover_until <= {now} OR handover_to = %s)"
         )
         with self._cursor(atomic=True) as cursor:
-            lease = self._update(cursor, update, [holder, ttl_param, name], name)
+            lease = self._update(cursor, update, [holder, ttl_param, name, holder], name)
             if lease is None:
                 # No row: a new name, or a row deleted by hand (see "When the store
                 # forgets" in docs/safety.md).
@@ -219,8 +230,8 @@ class DatabaseBackend(Backend):
                     delay = lock_delay(ttl)
                     insert = d.insert_ignore(
                         self._table,
-                        ", ".join(_COLUMNS),
-                        f"%s, '', '', %s, 0, {now}, {now}, {expiry}",
+                        ", ".join(_COLUMNS) + ", handover_to",
+                        f"%s, '', '', %s, 0, {now}, {now}, {expiry}, ''",
                     )
                     cursor.execute(insert, [name, top, d.ttl_param(delay)])
                     if cursor.rowcount == 1:
@@ -247,8 +258,8 @@ class DatabaseBackend(Backend):
                         seed, seed_params = d.clock_seed()
                     insert = d.insert_ignore(
                         self._table,
-                        ", ".join(_COLUMNS),
-                        f"%s, %s, '', {seed}, 1, {now}, {now}, {expiry}",
+                        ", ".join(_COLUMNS) + ", handover_to",
+                        f"%s, %s, '', {seed}, 1, {now}, {now}, {expiry}, ''",
                     )
                     cursor.execute(insert, [name, holder, *seed_params, ttl_param])
                     if cursor.rowcount == 1:
@@ -258,11 +269,15 @@ class DatabaseBackend(Backend):
                         lease = self._row(cursor.fetchone())
             if lease is None:
                 cursor.execute(
-                    f"SELECT {self._select} FROM {self._table} "
+                    f"SELECT {self._select}, {now} FROM {self._table} "
                     f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
                     [name],
                 )
-                return None, self._row(cursor.fetchone())
+                row = cursor.fetchone()
+                current = self._row(row)
+                if current is not None:
+                    current.read_at = aware(row[-1])
+                return None, current
             if self.history:
                 taken_over = bool(lease.previous_holder)
                 self._insert_event(
@@ -331,7 +346,7 @@ class DatabaseBackend(Backend):
             row = cursor.fetchone()
         lease = self._row(row)
         if lease is not None:
-            lease.read_at = aware(row[len(_COLUMNS)])
+            lease.read_at = aware(row[-1])
         return lease
 
     def names(self) -> list[str]:
@@ -340,20 +355,32 @@ class DatabaseBackend(Backend):
             return [row[0] for row in cursor.fetchall()]
 
     # -- candidates -----------------------------------------------------------------------
-    def announce(self, name: str, identity: str, ttl: float) -> None:
+    def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
         d = self.dialect
         now, table = d.now(), self._candidates
         upsert = d.upsert(
             table,
-            "name, identity, seen_at, expires_at",
-            f"%s, %s, {now}, {d.expiry()}",
+            "name, identity, priority, host, pid, version, joined_at, seen_at, expires_at",
+            f"%s, %s, %s, %s, %s, %s, {now}, {now}, {d.expiry()}",
             "name, identity",
-            ["seen_at", "expires_at"],
+            ["priority", "host", "pid", "version", "seen_at", "expires_at"],
         )
-        with self._cursor(atomic=False) as cursor:
-            cursor.execute(upsert, [name, identity, d.ttl_param(ttl)])
-            # Candidates that stopped without a word (crashed): gone once expired.
+        with self._cursor(atomic=True) as cursor:
+            # Candidates that stopped without a word (crashed) go once expired; this one
+            # too, if its heartbeat lapsed: it joins again at the tail (a new id).
             cursor.execute(f"DELETE FROM {table} WHERE name = %s AND expires_at <= {now}", [name])
+            cursor.execute(
+                upsert,
+                [
+                    name,
+                    candidate.identity,
+                    candidate.priority,
+                    candidate.host[:255],
+                    candidate.pid,
+                    candidate.version[:50],
+                    d.ttl_param(ttl),
+                ],
+            )
 
     def withdraw(self, name: str, identity: str) -> None:
         with self._cursor(atomic=False) as cursor:
@@ -362,14 +389,89 @@ class DatabaseBackend(Backend):
                 [name, identity],
             )
 
-    def candidates(self, name: str) -> list[str] | None:
+    def candidates(self, name: str) -> list[Candidate] | None:
+        from ..election import Candidate
+
         with self._cursor(atomic=False) as cursor:
             cursor.execute(
-                f"SELECT identity FROM {self._candidates} "
-                f"WHERE name = %s AND expires_at > {self.dialect.now()} ORDER BY identity",
+                "SELECT identity, priority, host, pid, version, id, joined_at, seen_at, "
+                f"expires_at FROM {self._candidates} "
+                f"WHERE name = %s AND expires_at > {self.dialect.now()} ORDER BY id",
                 [name],
             )
-            return sorted(row[0] for row in cursor.fetchall())
+            rows = cursor.fetchall()
+        return [
+            Candidate(
+                identity=identity,
+                priority=int(priority),
+                host=host,
+                pid=int(pid),
+                version=version,
+                seq=int(seq),
+                joined_at=aware(joined),
+                seen_at=aware(seen),
+                expires_at=aware(expires),
+            )
+            for identity, priority, host, pid, version, seq, joined, seen, expires in rows
+        ]
+
+    # -- wake-ups and hand-over -------------------------------------------------------------
+    def watch(
+        self, name: str, callback: Callable[[], None], *, identity: str | None = None
+    ) -> Watch | None:
+        """PostgreSQL: LISTEN on the channels of ``name`` (and of ``identity``), on one
+        connection per process shared by every watch. SQLite and MySQL/MariaDB cannot push:
+        None (candidates poll)."""
+        if self.vendor != "postgresql":
+            return None
+        hub = self._wake_hub()
+        if hub is None:
+            return None
+        return hub.watch(channels(self._channel_prefix, name, identity), callback)
+
+    def wake(self, name: str, identity: str | None = None) -> None:
+        if self.vendor != "postgresql":
+            return
+        with self._cursor(atomic=False) as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, '')", [channel(self._channel_prefix, name, identity)]
+            )
+
+    @property
+    def _channel_prefix(self) -> str:
+        return f"{self.alias}:{self._table}"
+
+    def _wake_hub(self) -> WakeHub | None:
+        hub = self._hub
+        if hub is None or not hub.usable():
+            from .db_listen import PostgresListener
+
+            transport = PostgresListener.for_alias(self.alias, self.dialect, self.timeout)
+            if transport is None:
+                return None
+            hub = self._hub = WakeHub(transport, f"leader-listen:{self.alias}")
+        return hub
+
+    def request_handover(
+        self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
+    ) -> Lease | None:
+        d = self.dialect
+        sql = (
+            f"UPDATE {self._table} SET handover_to = %s, handover_until = {d.expiry()} "
+            "WHERE name = %s"
+        )
+        with self._cursor(atomic=True) as cursor:
+            row = self._update(cursor, sql, [to, d.ttl_param(window), name], name)
+            if row is None:
+                return None
+            if self.history:
+                self._insert_event(
+                    cursor, EventKind.HANDOVER, row, detail=detail or f"to {to}", actor=actor
+                )
+            cursor.execute(f"SELECT {d.now()}", [])
+            now = aware(cursor.fetchone()[0])
+        held = row.holder and row.expires_at is not None and now is not None
+        return row if held and row.expires_at > now else None  # type: ignore[operator]
 
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         if not self.history:

@@ -61,7 +61,9 @@ therefore look like ``1763784000123457`` rather than ``1``; only their order mat
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -73,13 +75,15 @@ from ..conf import get_settings, lock_delay
 from ..exceptions import BackendUnavailable
 from ..lease import EventKind, Lease
 from . import redis_scripts as scripts
-from .base import Backend
+from .base import Backend, Watch
 from .history import HistoryWriter
+from .wakeups import WakeHub, channel, channels
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
 
     from ..conf import LeaderSettings
+    from ..election import Candidate
     from .redis_slots import RedisSlots
 
 logger = logging.getLogger("django_leader")
@@ -163,6 +167,8 @@ class RedisBackend(Backend):
         self._read = self.client.register_script(scripts.READ)
         self._announce = self.client.register_script(scripts.ANNOUNCE)
         self._candidates = self.client.register_script(scripts.CANDIDATES)
+        self._handover = self.client.register_script(scripts.HANDOVER)
+        self._hub: WakeHub | None = None
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.alias!r}>"
@@ -287,10 +293,13 @@ class RedisBackend(Backend):
         if int(reply[0]) == 0:
             if not _text(reply[1]):
                 # Nobody holds it, yet it may not be taken: force-released with its term
-                # still running, or the store's lock-delay after a loss of state.
+                # still running, the store's lock-delay after a loss of state, or a
+                # hand-over to another candidate.
                 return None, None
             current = self._lease(name, [1, *reply[1:]])
             assert current is not None
+            if len(reply) > 11:
+                current.read_at = _time(reply[11])
             return None, current
         lease = self._lease(name, reply)
         assert lease is not None
@@ -306,18 +315,19 @@ class RedisBackend(Backend):
         return lease, lease
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
-        return self._lease(
+        reply = self._call(
+            self._renew,
             lease.name,
-            self._call(
-                self._renew,
-                lease.name,
-                lease.holder,
-                lease.token,
-                self._ms(ttl),
-                lease.name,
-                extra=(self.terms_key(),),
-            ),
+            lease.holder,
+            lease.token,
+            self._ms(ttl),
+            lease.name,
+            extra=(self.terms_key(),),
         )
+        renewed = self._lease(lease.name, reply)
+        if renewed is not None and len(reply) > 9:
+            renewed.handover_to = _text(reply[9])
+        return renewed
 
     def release(self, lease: Lease) -> bool:
         at = int(
@@ -364,15 +374,84 @@ class RedisBackend(Backend):
             raise BackendUnavailable(f"redis cache {self.alias!r}: {exc}") from exc
         return sorted(found)
 
-    def announce(self, name: str, identity: str, ttl: float) -> None:
-        self._call(self._announce, name, identity, self._ms(ttl), parts=("candidates",))
+    _REGISTRY = ("candidates", "cinfo", "cseq")
+
+    def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
+        info = json.dumps(
+            {
+                "priority": candidate.priority,
+                "host": candidate.host,
+                "pid": candidate.pid,
+                "version": candidate.version,
+            }
+        )
+        self._call(
+            self._announce, name, candidate.identity, self._ms(ttl), info, parts=self._REGISTRY
+        )
 
     def withdraw(self, name: str, identity: str) -> None:
-        self._call(self._announce, name, identity, "", parts=("candidates",))
+        self._call(self._announce, name, identity, "", "{}", parts=self._REGISTRY)
 
-    def candidates(self, name: str) -> list[str] | None:
-        reply = self._call(self._candidates, name, parts=("candidates",))
-        return sorted(_text(identity) for identity in reply)
+    def candidates(self, name: str) -> list[Candidate] | None:
+        from ..election import Candidate
+
+        reply = self._call(self._candidates, name, parts=self._REGISTRY[:2])
+        found = []
+        for identity, raw in zip(reply[::2], reply[1::2], strict=True):
+            info = json.loads(_text(raw))
+            found.append(
+                Candidate(
+                    identity=_text(identity),
+                    priority=int(info.get("priority", 0)),
+                    host=str(info.get("host", "")),
+                    pid=int(info.get("pid", 0)),
+                    version=str(info.get("version", "")),
+                    seq=int(info.get("seq", 0)),
+                    joined_at=_time(info["joined"]) if info.get("joined") else None,
+                    seen_at=_time(info["seen"]) if info.get("seen") else None,
+                    expires_at=_time(info["expires"]) if info.get("expires") else None,
+                )
+            )
+        return sorted(found, key=lambda candidate: candidate.seq)
+
+    # -- wake-ups and hand-over -------------------------------------------------------------
+    def watch(
+        self, name: str, callback: Callable[[], None], *, identity: str | None = None
+    ) -> Watch | None:
+        """Pub/sub: one subscribed connection per process, shared by every watch."""
+        hub = self._hub
+        if hub is None or not hub.usable():
+            from .redis_listen import RedisListener
+
+            hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
+        return hub.watch(channels(self._channel_prefix, name, identity), callback)
+
+    def wake(self, name: str, identity: str | None = None) -> None:
+        import redis
+
+        try:
+            self.client.publish(channel(self._channel_prefix, name, identity), "")
+        except redis.RedisError as exc:
+            raise BackendUnavailable(f"redis cache {self.alias!r}: {exc}") from exc
+
+    @property
+    def _channel_prefix(self) -> str:
+        return str(self.cache.make_key("django_leader"))
+
+    def request_handover(
+        self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
+    ) -> Lease | None:
+        reply = self._call(self._handover, name, to, self._ms(window))
+        lease = self._lease(name, reply)
+        at = _time(reply[9]) if lease is not None else _time(reply[1])
+        self._record(
+            EventKind.HANDOVER,
+            lease or Lease(name, "", 0, None, None, None, 0),
+            at,
+            detail=detail or f"to {to}",
+            actor=actor,
+        )
+        return lease
 
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         self._record(kind, lease, None, detail=detail)

@@ -73,7 +73,7 @@ local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', '
 if current[1] then
   local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
   return {0, current[1], current[2], current[3], current[4], current[5], transitions, '', '0',
-          '0', lost_flag}
+          '0', lost_flag, str(now)}
 end
 local meta = redis.call('HMGET', KEYS[2], 'holder', 'token', 'released', 'expires', 'epoch',
                         'acquired_at', 'renewed_at', 'transitions')
@@ -91,6 +91,12 @@ end
 if now < fence then
   return {0, '', '0', '0', '0', '0', meta[8] or '0', '', '0', str(fence - now), lost_flag}
 end
+-- A standing hand-over request (leader handover) lets in only the candidate it names.
+local handover = redis.call('HMGET', KEYS[2], 'handover_to', 'handover_until')
+if handover[1] and handover[1] ~= '' and tonumber(handover[2] or '0') > now
+   and handover[1] ~= ARGV[1] then
+  return {0, '', '0', '0', '0', '0', meta[8] or '0', '', '0', '0', lost_flag}
+end
 local token = tonumber(meta[2])
 if not token or meta[5] ~= epoch then
   -- First use, or the counter may be older than tokens already issued (lost, restored
@@ -106,6 +112,7 @@ local expires = now + tonumber(ARGV[2]) * 1000
 redis.call('HSET', KEYS[2], 'token', str(token), 'holder', ARGV[1], 'released', '0',
            'name', ARGV[3], 'epoch', epoch, 'acquired_at', str(now), 'renewed_at', str(now),
            'expires', str(expires))
+redis.call('HDEL', KEYS[2], 'handover_to', 'handover_until')
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', str(token), 'acquired_at', str(now),
            'renewed_at', str(now), 'expires_at', str(expires))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -116,7 +123,7 @@ return {1, ARGV[1], str(token), str(now), str(now), str(expires), transitions, p
 )
 
 # KEYS: lease, meta, terms. ARGV: holder, token, ttl_ms, name. Same reply as acquire
-# (acquired = renewed).
+# (acquired = renewed), then the candidate a standing hand-over request names ('' if none).
 # The meta hash keeps the expiry too, so that a lease key deleted by hand or evicted still
 # keeps others out until the term ends.
 RENEW = (
@@ -130,7 +137,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('HSET', KEYS[2], 'renewed_at', str(now), 'expires', str(expires))
 redis.call('HSET', KEYS[3], ARGV[4], str(expires))
 local transitions = redis.call('HGET', KEYS[2], 'transitions') or '0'
-return {1, ARGV[1], current[2], current[3], str(now), str(expires), transitions, '', '0'}
+local handover = redis.call('HMGET', KEYS[2], 'handover_to', 'handover_until')
+local to = ''
+if handover[1] and tonumber(handover[2] or '0') > now then to = handover[1] end
+return {1, ARGV[1], current[2], current[3], str(now), str(expires), transitions, '', '0', to}
 """
 )
 
@@ -179,28 +189,80 @@ redis.call('HSET', KEYS[2], 'released', '1')
 READ = NOW + CURRENT + REPLY_CURRENT
 
 
-# KEYS: candidates (a sorted set: identity -> expiry in microseconds, server clock).
-# ARGV: identity, ttl_ms ('' to withdraw). Expired candidates are dropped on the way.
-ANNOUNCE = (
+# KEYS: lease, meta. ARGV: the candidate to hand over to, the window in milliseconds.
+# Sets the hand-over gate (nobody else may acquire until it ends; the holder reads it in its
+# renewals) and returns the current lease like READ ({0, server time} if free).
+HANDOVER = (
     NOW
     + """
+redis.call('HSET', KEYS[2], 'handover_to', ARGV[1],
+           'handover_until', str(now + tonumber(ARGV[2]) * 1000))
+local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
+                           'expires_at')
+if not current[1] or current[1] == '' then return {0, str(now)} end
+"""
+    + REPLY_CURRENT
+)
+
+
+# The candidate registry. KEYS: candidates (a sorted set: identity -> expiry in server
+# microseconds), info (a hash: identity -> JSON of priority, host, pid, version, seq,
+# joined, seen, expires), seq (a counter of joins, the queue order). Expired candidates are
+# dropped on the way.
+DROP_EXPIRED = """
+for _, who in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', str(now))) do
+  redis.call('HDEL', KEYS[2], who)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', str(now))
+"""
+
+# ARGV: identity, ttl_ms ('' to withdraw), the candidate's JSON (priority, host, pid,
+# version). A candidate not in the set joins at the tail (a new seq).
+ANNOUNCE = (
+    NOW
+    + DROP_EXPIRED
+    + """
 if ARGV[2] == '' then
   redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
   return 0
 end
-redis.call('ZADD', KEYS[1], str(now + tonumber(ARGV[2]) * 1000), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local info = cjson.decode(ARGV[3])
+local known = redis.call('HGET', KEYS[2], ARGV[1])
+if known and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local before = cjson.decode(known)
+  info.seq = before.seq
+  info.joined = before.joined
+else
+  info.seq = redis.call('INCR', KEYS[3])
+  info.joined = str(now)
+end
+local expires = now + tonumber(ARGV[2]) * 1000
+info.seen = str(now)
+info.expires = str(expires)
+redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(info))
+redis.call('ZADD', KEYS[1], str(expires), ARGV[1])
+for _, key in ipairs({KEYS[1], KEYS[2]}) do
+  if redis.call('PTTL', key) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', key, ARGV[2])
+  end
 end
 return 1
 """
 )
 
-# KEYS: candidates. Returns the identities whose candidacy has not expired.
+# KEYS: candidates, info. Returns identity, JSON, identity, JSON, ... of the live ones.
 CANDIDATES = (
     NOW
     + """
-return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. str(now), '+inf')
+local found = {}
+for _, who in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. str(now), '+inf')) do
+  local info = redis.call('HGET', KEYS[2], who)
+  if info then
+    table.insert(found, who)
+    table.insert(found, info)
+  end
+end
+return found
 """
 )

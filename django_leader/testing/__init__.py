@@ -24,13 +24,14 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any, TypeVar
 
 from .. import backends
 from ..backends.base import Backend
+from ..election import Candidate
 from ..lease import Lease, clock
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,7 +67,11 @@ class MemoryBackend(Backend):
         self._lock = threading.Lock()
         self._leases: dict[str, _Record] = {}
         self._tokens: dict[str, int] = {}
-        self._candidates: dict[str, dict[str, float]] = {}  # name -> identity -> expiry
+        # name -> identity -> (candidate, expiry on clock()); the join counter
+        self._candidates: dict[str, dict[str, tuple[Candidate, float]]] = {}
+        self._joins = 0
+        self._watches: dict[tuple[str, str | None], list[Callable[[], None]]] = {}
+        self._handovers: dict[str, tuple[str, float]] = {}  # name -> (to, until)
         self.events: list[tuple[str, str, str, int]] = []  # (kind, name, holder, token)
 
     def now(self) -> datetime:
@@ -126,6 +131,10 @@ class MemoryBackend(Backend):
                 # Held, or force-released with its term still running.
                 current = self._current(name)
                 return None, None if current is None else self._lease(name, current)
+            handover = self._handovers.get(name)
+            if handover is not None and handover[1] > clock() and handover[0] != holder:
+                return None, None
+            self._handovers.pop(name, None)
             lease = self._grant(name, holder, ttl)
             return lease, lease
 
@@ -137,7 +146,11 @@ class MemoryBackend(Backend):
             moment = clock()
             current.expires = moment + ttl
             current.renewed_at = self._at(moment)
-            return self._lease(lease.name, current)
+            renewed = self._lease(lease.name, current)
+            handover = self._handovers.get(lease.name)
+            if handover is not None and handover[1] > moment:
+                renewed.handover_to = handover[0]
+            return renewed
 
     def release(self, lease: Lease) -> bool:
         with self._lock:
@@ -172,18 +185,73 @@ class MemoryBackend(Backend):
             self.events.append(("forced_release", name, released.holder, released.token))
             return released
 
-    def announce(self, name: str, identity: str, ttl: float) -> None:
+    def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
         with self._lock:
-            self._candidates.setdefault(name, {})[identity] = clock() + ttl
+            now = clock()
+            known = self._candidates.setdefault(name, {})
+            before = known.get(candidate.identity)
+            if before is not None and before[1] > now:
+                first = before[0]
+                seq, joined = first.seq, first.joined_at
+            else:
+                self._joins += 1
+                seq, joined = self._joins, self._at(now)
+            known[candidate.identity] = (
+                replace(
+                    candidate,
+                    seq=seq,
+                    joined_at=joined,
+                    seen_at=self._at(now),
+                    expires_at=self._at(now + ttl),
+                ),
+                now + ttl,
+            )
 
     def withdraw(self, name: str, identity: str) -> None:
         with self._lock:
             self._candidates.get(name, {}).pop(identity, None)
 
-    def candidates(self, name: str) -> list[str] | None:
+    def candidates(self, name: str) -> list[Candidate] | None:
         with self._lock:
             now = clock()
-            return sorted(i for i, expiry in self._candidates.get(name, {}).items() if expiry > now)
+            live = [c for c, expiry in self._candidates.get(name, {}).values() if expiry > now]
+            return sorted(live, key=lambda candidate: candidate.seq)
+
+    def watch(self, name: str, callback: Callable[[], None], *, identity: str | None = None) -> Any:
+        """In-process wake-ups: :meth:`wake` calls the callbacks (in the caller's thread)."""
+        keys = [(name, None)] + ([(name, identity)] if identity is not None else [])
+        with self._lock:
+            for key in keys:
+                self._watches.setdefault(key, []).append(callback)
+        store = self
+
+        class _Watch:
+            live = True
+
+            def close(self) -> None:
+                with store._lock:
+                    for key in keys:
+                        callbacks = store._watches.get(key, [])
+                        if callback in callbacks:
+                            callbacks.remove(callback)
+                self.live = False
+
+        return _Watch()
+
+    def wake(self, name: str, identity: str | None = None) -> None:
+        with self._lock:
+            callbacks = list(self._watches.get((name, identity), []))
+        for callback in callbacks:
+            callback()
+
+    def request_handover(
+        self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
+    ) -> Lease | None:
+        with self._lock:
+            self._handovers[name] = (to, clock() + window)
+            current = self._current(name)
+            self.events.append(("handover", name, current.holder if current else "", 0))
+            return None if current is None else self._lease(name, current)
 
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         with self._lock:

@@ -41,6 +41,8 @@ from typing import Any
 import pytest
 
 from ..backends.base import Backend
+from ..election import Candidate
+from ..exceptions import NotSupportedError
 from ..lease import Lease
 
 __all__ = ["BackendContract", "wait_until_expired"]
@@ -347,31 +349,126 @@ class BackendContract:
         assert [backend.read(name).holder for name in names] == ["holder-0", "holder-1", "holder-2"]
 
     def test_candidates_announce_expire_and_withdraw(self, backend: Any, lease_name: str) -> None:
-        """Who campaigns (for ``leader status``): announced, expired by the store's clock,
-        withdrawn. A store that does not track candidates (``candidates()`` is None) must
-        take announce() and withdraw() as no-ops."""
+        """The candidate registry: announced (in join order, with what the candidate said of
+        itself and the store's times), heart-beating without losing its place, expired by
+        the store's clock, withdrawn. A store that keeps no registry (``candidates()`` is
+        None) must take announce() and withdraw() as no-ops."""
         if backend.candidates(lease_name) is None:
-            backend.announce(lease_name, "bob", 30)
+            backend.announce(lease_name, Candidate("bob"), 30)
             backend.withdraw(lease_name, "bob")
             assert backend.candidates(lease_name) is None
             return
         assert backend.candidates(lease_name) == []
-        backend.announce(lease_name, "bob", 30)
-        backend.announce(lease_name, "alice", 30)
-        backend.announce(lease_name, "carol", 3.0)
-        backend.announce(lease_name, "bob", 30)  # again: still one entry
-        assert backend.candidates(lease_name) == ["alice", "bob", "carol"]
+        backend.announce(lease_name, Candidate("bob", priority=5, host="h1", pid=11), 30)
+        backend.announce(lease_name, Candidate("alice", version="9.9"), 30)
+        backend.announce(lease_name, Candidate("carol"), 3.0)
+        first = backend.candidates(lease_name)
+        # A heartbeat keeps the place in the queue and updates the priority.
+        backend.announce(lease_name, Candidate("bob", priority=7, host="h1", pid=11), 30)
+        found = backend.candidates(lease_name)
+        assert [c.identity for c in found] == ["bob", "alice", "carol"]
+        assert [c.seq for c in found] == sorted(c.seq for c in found)
+        assert len({c.seq for c in found}) == 3
+        bob = found[0]
+        assert (bob.priority, bob.host, bob.pid) == (7, "h1", 11)
+        assert found[1].version == "9.9"
+        assert bob.joined_at == first[0].joined_at and bob.joined_at is not None
+        assert bob.seen_at is not None and bob.seen_at >= first[0].seen_at
+        assert bob.expires_at is not None and bob.expires_at > bob.seen_at
         assert backend.candidates(f"{lease_name}-other") == []
 
         backend.withdraw(lease_name, "alice")
         backend.withdraw(lease_name, "nobody")  # a no-op
         give_up = time.monotonic() + 15
-        while backend.candidates(lease_name) != ["bob"]:  # carol's candidacy expires
+        while [c.identity for c in backend.candidates(lease_name)] != ["bob"]:
+            # carol's candidacy expires
             assert time.monotonic() < give_up, backend.candidates(lease_name)
             time.sleep(0.05)
+        # Back after withdrawing: at the tail.
+        backend.announce(lease_name, Candidate("alice"), 30)
+        assert [c.identity for c in backend.candidates(lease_name)] == ["bob", "alice"]
         # Candidacy is no lease: bob announced, yet anyone may take the lease.
         lease, _ = backend.acquire(lease_name, "dave", 30)
         assert lease is not None and lease.holder == "dave"
+
+    def test_an_acquisition_refused_reports_when_the_current_lease_was_read(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """A waiting candidate learns from a refused acquisition when the holder's lease
+        would run out: ``current.read_at`` (the store's clock) beside ``expires_at``."""
+        backend.acquire(lease_name, "alice", 30)
+        _, current = backend.acquire(lease_name, "bob", 30)
+        assert current is not None and current.holder == "alice"
+        if current.read_at is not None:
+            assert 25 < current.expires_in <= 30
+
+    def test_handover_lets_only_its_target_acquire_and_the_holder_learns_of_it(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """``request_handover``: the holder's next renewal reports the target; once it
+        releases, nobody but the target may acquire until the window ends; the target's
+        acquisition ends the request. A store that cannot raises NotSupportedError."""
+        lease, _ = backend.acquire(lease_name, "alice", 30)
+        try:
+            held = backend.request_handover(lease_name, "carol", 2.0, actor="ops")
+        except NotSupportedError:
+            return
+        assert held is not None and held.holder == "alice" and held.token == lease.token
+        renewed = backend.renew(lease, 30)
+        assert renewed is not None and renewed.handover_to == "carol"
+        assert backend.release(lease)
+        assert backend.acquire(lease_name, "bob", 30) == (None, None)
+        taken, _ = backend.acquire(lease_name, "carol", 30)
+        assert taken is not None and taken.token > lease.token
+        again = backend.renew(taken, 30)
+        assert again is not None and again.handover_to == ""
+        assert backend.release(taken)
+        # The request ended with carol's acquisition: anyone may acquire again.
+        other, _ = backend.acquire(lease_name, "bob", 30)
+        assert other is not None
+        backend.release(other)
+        # A request whose target never comes: the gate opens when its window ends.
+        backend.request_handover(lease_name, "nobody", 1.0)
+        assert backend.acquire(lease_name, "bob", 30) == (None, None)
+        give_up = time.monotonic() + 10
+        while backend.acquire(lease_name, "bob", 30)[0] is None:
+            assert time.monotonic() < give_up, "the hand-over gate never opened"
+            time.sleep(0.05)
+        events = self.history_of(backend, lease_name)
+        if events is not None:
+            assert [event[0] for event in events].count("handover") == 2
+            assert ("handover", "alice", "", lease.token, "ops") in events
+
+    def test_wake_reaches_the_watchers_it_names(self, backend: Any, lease_name: str) -> None:
+        """``watch``/``wake``: a wake of the name reaches every watcher of it, a wake of an
+        identity only that one. A store that cannot push returns None from watch()."""
+        woken: dict[str, threading.Event] = {who: threading.Event() for who in ("a", "b")}
+        watches = []
+        for who, event in woken.items():
+            watch = backend.watch(lease_name, event.set, identity=who)
+            if watch is None:
+                return
+            watches.append(watch)
+        try:
+            give_up = time.monotonic() + 10
+            while not all(watch.live for watch in watches):
+                assert time.monotonic() < give_up, "the watches never came live"
+                time.sleep(0.02)
+            # A watch may be woken once as it comes live (it may have missed a wake-up).
+            time.sleep(0.3)
+            for event in woken.values():
+                event.clear()
+            backend.wake(lease_name, "b")
+            assert woken["b"].wait(5)
+            time.sleep(0.3)  # anything for "a" would have arrived by now
+            assert not woken["a"].is_set()
+            woken["b"].clear()
+            backend.wake(lease_name)
+            assert woken["a"].wait(5) and woken["b"].wait(5)
+        finally:
+            for watch in watches:
+                watch.close()
+        assert not any(watch.live for watch in watches)
 
 
 def race(backend: Any, name: str, contenders: int) -> tuple[list[Lease], list[BaseException]]:

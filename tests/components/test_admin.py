@@ -30,6 +30,7 @@ from django.urls import reverse
 from django_leader import admin as leader_admin
 from django_leader.admin import drawing, periods
 from django_leader.backends import get_backend
+from django_leader.election import Candidate
 from django_leader.models import Lease, LeaseEvent
 from tests.support.stores import history, require, unreachable_redis
 from tests.support.waiting import wait_until
@@ -502,7 +503,7 @@ def test_lease_page_lists_the_candidates_waiting(
 ) -> None:
     store.acquire(lease_name, "alice", 60)
     for identity in ("alice", "bob", "carol"):
-        store.announce(lease_name, identity, 60)
+        store.announce(lease_name, Candidate(identity), 60)
     page = admin_client.get(change_url(lease_name)).content.decode()
     field = page[page.index("field-candidates_waiting") :]
     field = field[: field.index("</div>", field.index("readonly"))]

@@ -31,6 +31,7 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from django_leader.admin import constants
+from django_leader.election import Candidate
 from django_leader.models import LeaseEvent
 from tests.support.stores import REQUIRE_SERVICES, history
 from tests.support.waiting import wait_until
@@ -125,7 +126,7 @@ def seed(store: Any) -> None:
         )
     store.acquire(LEASE, LONG_HOLDER, 300)
     for standby in ("worker-a:4711", "worker-c:6001"):  # followers campaigning for it
-        store.announce(LEASE, standby, 300)
+        store.announce(LEASE, Candidate(standby), 300)
     # Move the current term's start back 45 minutes, so the picture shows it as a bar.
     LeaseEvent.objects.filter(name=LEASE, token=5).update(at=now - timedelta(minutes=45))
 
@@ -140,7 +141,7 @@ def seed(store: Any) -> None:
     lease, _ = store.acquire("payments-reconciler", "worker-e:902", 60)
     store.release(lease)
     for standby in ("worker-f:311", "worker-g:312"):
-        store.announce("payments-reconciler", standby, 300)
+        store.announce("payments-reconciler", Candidate(standby), 300)
     # Expired unreleased: its holder crashed, nobody took over.
     store.acquire("cache-warmer", "web-3:901", 0.2)
     # Flapping: eight holders in the last ten minutes.

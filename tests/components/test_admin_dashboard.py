@@ -24,6 +24,7 @@ from django.urls import reverse
 
 from django_leader.admin.constants import FLAPPING_TRANSITIONS
 from django_leader.backends import get_backend
+from django_leader.election import Candidate
 from django_leader.models import LeaseEvent
 from tests.support.stores import CACHE_STORES, DATABASE_STORES, require, unreachable_redis
 
@@ -84,12 +85,12 @@ def test_dashboard_shows_leaders_candidates_transitions_and_alerts(
     held, orphaned, flappy, idle = (f"{base}-{n}" for n in ("held", "orphaned", "flappy", "idle"))
     lease, _ = backend.acquire(held, "alice", 60)
     assert lease is not None
-    backend.announce(held, "bob", 60)
+    backend.announce(held, Candidate("bob"), 60)
     # Released five minutes ago, two candidates waiting, nobody took it: no leader.
     released, _ = backend.acquire(orphaned, "carol", 60)
     backend.release(released)
     for identity in ("dave", "erin"):
-        backend.announce(orphaned, identity, 60)
+        backend.announce(orphaned, Candidate(identity), 60)
     # More transitions than the limit within the window: flapping.
     for n in range(FLAPPING_TRANSITIONS + 1):
         term, _ = backend.acquire(flappy, f"worker-{n}", 60)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from django_leader import Elector, Lease, current_lease, signals
+from django_leader.election import Candidate
 from django_leader.lease import clock
 from django_leader.models import Lease as LeaseRow
 from django_leader.models import LeaseEvent
@@ -291,7 +292,11 @@ def test_followers_are_listed_as_candidates_until_they_stop(
 
     def waiting() -> list[str]:
         held = backend.read(lease_name)
-        return [i for i in backend.candidates(lease_name) if held is None or i != held.holder]
+        return sorted(
+            c.identity
+            for c in backend.candidates(lease_name)
+            if held is None or c.identity != held.holder
+        )
 
     wait_until(
         lambda: waiting() == ["c-follower-0", "c-follower-1"],
@@ -306,7 +311,7 @@ def test_followers_are_listed_as_candidates_until_they_stop(
     )
     leader.stop(timeout=WAIT)  # the follower takes over; the old leader is no candidate
     assert followers[1].wait_for_leadership(WAIT)
-    assert "c-leader" not in backend.candidates(lease_name)
+    assert "c-leader" not in [c.identity for c in backend.candidates(lease_name)]
 
 
 def test_run_twice_at_once_is_refused(
@@ -432,7 +437,7 @@ def test_failed_announcement_backs_off_with_one_warning(caplog: pytest.LogCaptur
             self.attempts += 1
             return super().acquire(name, holder, ttl)
 
-        def announce(self, name: str, identity: str, ttl: float) -> None:
+        def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
             self.announced += 1
             raise BackendUnavailable("no such table: django_leader_leasecandidate")
 

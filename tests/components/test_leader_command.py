@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_leader.backends import get_backend
+from django_leader.election import Candidate
 from django_leader.models import LeaseEvent
 from tests.support.stores import ROOT, child_env, history, stores_db
 
@@ -57,7 +58,7 @@ def test_status_json_of_held_lease(backend: Any, lease_name: str) -> None:
 def test_status_lists_candidates_waiting(backend: Any, lease_name: str) -> None:
     backend.acquire(lease_name, "alice", 30)
     for identity in ("alice", "bob", "carol"):  # the holder is not one waiting
-        backend.announce(lease_name, identity, 30)
+        backend.announce(lease_name, Candidate(identity), 30)
     data = json.loads(run(backend, "status", lease_name, "--json").stdout)
     assert data["candidates"] == ["bob", "carol"]
     result = run(backend, "status", lease_name)
@@ -94,7 +95,7 @@ def test_status_tells_an_unknown_name_from_a_free_lease(backend: Any, lease_name
 
 def test_status_prints_candidates_only_when_some_wait(backend: Any, lease_name: str) -> None:
     backend.acquire(lease_name, "alice", 30)
-    backend.announce(lease_name, "alice", 30)  # the holder itself is not waiting
+    backend.announce(lease_name, Candidate("alice"), 30)  # the holder itself is not waiting
     result = run(backend, "status", lease_name)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{lease_name}: held by alice")

@@ -65,10 +65,10 @@ def lease_dict(name: str, lease: Lease | None, candidates: list[str] | None) -> 
 def candidates_of(backend: Any, name: str) -> list[str] | None:
     """The candidates of ``name``, or None when unknown (best effort, as they are kept)."""
     try:
-        candidates: list[str] | None = backend.candidates(name)
+        found = backend.candidates(name)
     except BackendUnavailable:
         return None
-    return candidates
+    return None if found is None else [candidate.identity for candidate in found]
 
 
 class Command(BaseCommand):
