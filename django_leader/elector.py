@@ -474,17 +474,22 @@ class Elector:
             )
 
     def _wake_next(self, caller: StoreCaller, to: str) -> None:
-        """After a release: wake whoever may take the lease now — ``to``, the next in the
-        queue (fifo, priority), or every waiting candidate (race)."""
+        """After a release: wake whoever may take the lease now. The release itself woke
+        the candidates of a race; in a fifo or priority queue only the next in line is
+        woken (``to``, or the first of the queue)."""
+        if self.mode is Mode.RACE and not to:
+            return
         bound = call_bound(self.timing)
         try:
-            if not to and self.mode is not Mode.RACE:
+            if not to:
                 members = caller.call(bound, self.backend.candidates, self.name)
                 first = next_in_line(members or [], self.mode, holder=self.identity)
-                to = first.identity if first is not None else ""
-            caller.call(bound, self.backend.wake, self.name, to or None)
+                if first is None:
+                    return
+                to = first.identity
+            caller.call(bound, self.backend.wake, self.name, to)
         except Exception as exc:  # they poll
-            logger.debug("waking the candidates of %r failed: %s", self.name, exc)
+            logger.debug("waking the next candidate of %r failed: %s", self.name, exc)
 
     @property
     def _label(self) -> str:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import os
 import threading
-import time
 from types import TracebackType
 from typing import Any
 
-from .backends.base import Backend
+from .backends.base import Backend, Watch
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
 from .exceptions import BackendUnavailable, LeaseHeld
 from .lease import Lease, clock
@@ -52,6 +52,9 @@ def _owner() -> _Owner:
     return (os.getpid(), threading.current_thread(), task)
 
 
+logger = logging.getLogger("django_leader")
+
+
 class _Hold:
     """One holder's hold of a lease name: its term (lease, renewer, store connection).
 
@@ -88,6 +91,15 @@ def _set_hold(name: str, hold: _Hold | None) -> None:
     else:
         holds[name] = hold
     _holds.set(holds)
+
+
+class _Polling:
+    """No wake-ups from this store: the waiting lock polls."""
+
+    live = False
+
+    def close(self) -> None:
+        pass
 
 
 class Lock:
@@ -156,39 +168,66 @@ class Lock:
         return lease
 
     def _acquire(self, caller: StoreCaller) -> Lease:
-        timing = self.timing
+        """Acquire, waiting while blocking: woken by the store when the lease is released
+        (PostgreSQL, Redis), else trying every ``retry_interval``."""
         give_up = None if self.timeout is None else clock() + self.timeout
-        while True:
-            bound = call_bound(timing)
-            if give_up is not None:
-                bound = min(bound, max(timing.call_timeout, give_up - clock()))
-            try:
-                acquired, current = attempt(
-                    self.backend, caller, self.name, self.identity, timing, bound, self._label
-                )
-            except TimeoutError:
-                raise BackendUnavailable(
-                    f"lease {self.name!r}: the store did not answer within {bound:.2f}s "
-                    "(a frozen server or connection); should the attempt succeed later, "
-                    "the lease is released at once"
-                ) from None
-            if acquired is not None:
-                return acquired
-            now = clock()
-            if not self.blocking or (give_up is not None and now >= give_up):
-                holder = (
-                    f" by {current.holder} (token {current.token})"
-                    if current
-                    else " (no holder, yet refused: it was force-released and the term of "
-                    "its holder is not over, or the store may have lost its leases and the "
-                    "lock-delay is not over — no one may take it until every earlier holder "
-                    "has stopped believing it leads; or it was released just now)"
-                )
-                raise LeaseHeld(f"lease {self.name!r} is held{holder}")
-            pause = timing.retry_interval
-            if give_up is not None:
-                pause = min(pause, give_up - now)
-            time.sleep(max(0.0, pause))
+        woken = threading.Event()
+        watch: Watch | None = None
+        try:
+            while True:
+                woken.clear()  # a release from now on wakes the wait below
+                lease, pause = self._attempt(caller, give_up)
+                if lease is not None:
+                    return lease
+                if watch is None:
+                    watch = self._watch(woken)
+                woken.wait(pause)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _watch(self, woken: threading.Event) -> Watch:
+        try:
+            watch = self.backend.watch(self.name, woken.set)
+        except Exception as exc:  # then it polls
+            logger.debug("cannot watch %r for releases, polling: %s", self.name, exc)
+            watch = None
+        return watch if watch is not None else _Polling()
+
+    def _attempt(self, caller: StoreCaller, give_up: float | None) -> tuple[Lease | None, float]:
+        """One acquisition: the lease, or (None, how long to wait before the next); raises
+        ``LeaseHeld`` when not blocking or out of time."""
+        timing = self.timing
+        bound = call_bound(timing)
+        if give_up is not None:
+            bound = min(bound, max(timing.call_timeout, give_up - clock()))
+        try:
+            acquired, current = attempt(
+                self.backend, caller, self.name, self.identity, timing, bound, self._label
+            )
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"lease {self.name!r}: the store did not answer within {bound:.2f}s "
+                "(a frozen server or connection); should the attempt succeed later, "
+                "the lease is released at once"
+            ) from None
+        if acquired is not None:
+            return acquired, 0.0
+        now = clock()
+        if not self.blocking or (give_up is not None and now >= give_up):
+            holder = (
+                f" by {current.holder} (token {current.token})"
+                if current
+                else " (no holder, yet refused: it was force-released and the term of "
+                "its holder is not over, or the store may have lost its leases and the "
+                "lock-delay is not over — no one may take it until every earlier holder "
+                "has stopped believing it leads; or it was released just now)"
+            )
+            raise LeaseHeld(f"lease {self.name!r} is held{holder}")
+        pause = timing.retry_interval
+        if give_up is not None:
+            pause = min(pause, give_up - now)
+        return None, max(0.0, pause)
 
     @property
     def _label(self) -> str:

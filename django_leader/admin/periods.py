@@ -28,6 +28,9 @@ from ..lease import EventKind
 STARTS = frozenset({EventKind.ACQUIRED.value, EventKind.TAKEN_OVER.value})
 #: Event kinds that end the holding period of the same fencing token.
 ENDS = frozenset({EventKind.RELEASED.value, EventKind.LOST.value, EventKind.FORCED_RELEASE.value})
+#: Event kinds that neither start nor end a holding period (a hand-over request: the
+#: release that follows ends the term).
+MARKS = frozenset({EventKind.HANDOVER.value})
 
 #: What the leader lane shows where no term is (:class:`Band`): nobody led; the history
 #: does not reach back that far; the history is there but was not read (too many events).

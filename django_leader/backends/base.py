@@ -119,21 +119,24 @@ class Backend(ABC):
         self, name: str, callback: Callable[[], None], *, identity: str | None = None
     ) -> Watch | None:
         """Ask the store to call ``callback()`` (from a thread of its own) when ``name`` may
-        have changed hands: on :meth:`wake` of ``name`` for everyone, and — if ``identity``
-        is given — on :meth:`wake` of ``name`` for that identity alone.
+        be taken: without ``identity``, on every :meth:`release` of ``name`` and every
+        ``wake(name)`` (what the candidates of a race and the observers watch); with
+        ``identity``, only on ``wake(name, identity)`` (the next in a fifo or priority
+        queue, woken by the releaser alone: no herd).
 
         Returns a :class:`Watch` (``close()`` ends it), or None when the store cannot push
         (the default): waiting candidates then poll every ``RETRY_INTERVAL``. A wake-up is
         only a hint to try :meth:`acquire` early, never a part of the lease decision: a
         store may call ``callback`` spuriously (it does after reconnecting, since it may
-        have missed one), and may miss wake-ups while ``Watch.live`` is False.
+        have missed one), and may miss wake-ups while ``Watch.live`` is False. A store that
+        can push wakes the name's watchers from :meth:`release` itself, at no extra round
+        trip where it can.
         """
         return None
 
     def wake(self, name: str, identity: str | None = None) -> None:  # noqa: B027
-        """Wake the watchers of ``name``: every one (``identity`` None, the race after a
-        release), or only the one watching for ``identity`` (the next in a fifo or priority
-        queue). Best effort; the default does nothing."""
+        """Wake the watchers of ``name`` (``identity`` None) or the one candidate watching
+        for ``identity``. Best effort; the default does nothing."""
 
     # -- hand-over on demand -----------------------------------------------------------------
     def request_handover(

@@ -30,7 +30,7 @@ from .base import Backend, Watch
 from .db_connection import PrivateConnection, migration_state
 from .db_fence import FENCE_FLOOR, fenced_transaction
 from .sql import DIALECTS, StoreNow, aware
-from .wakeups import WakeHub, channel, channels
+from .wakeups import WakeHub, channel
 
 if TYPE_CHECKING:
     from ..election import Candidate
@@ -308,6 +308,11 @@ class DatabaseBackend(Backend):
             released = cursor.rowcount == 1
             if released and self.history:
                 self._insert_event(cursor, EventKind.RELEASED, lease)
+            if released and self.vendor == "postgresql":
+                # Delivered at commit to everyone racing for the name (see watch()).
+                cursor.execute(
+                    "SELECT pg_notify(%s, '')", [channel(self._channel_prefix, lease.name)]
+                )
         return released
 
     def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
@@ -419,15 +424,16 @@ class DatabaseBackend(Backend):
     def watch(
         self, name: str, callback: Callable[[], None], *, identity: str | None = None
     ) -> Watch | None:
-        """PostgreSQL: LISTEN on the channels of ``name`` (and of ``identity``), on one
-        connection per process shared by every watch. SQLite and MySQL/MariaDB cannot push:
-        None (candidates poll)."""
+        """PostgreSQL: LISTEN on the channel of ``name`` (or of ``identity``), on one
+        connection per process shared by every watch; a release notifies the name's
+        channel in its own transaction. SQLite and MySQL/MariaDB cannot push: None
+        (candidates poll)."""
         if self.vendor != "postgresql":
             return None
         hub = self._wake_hub()
         if hub is None:
             return None
-        return hub.watch(channels(self._channel_prefix, name, identity), callback)
+        return hub.watch([channel(self._channel_prefix, name, identity)], callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:
         if self.vendor != "postgresql":

@@ -77,7 +77,7 @@ from ..lease import EventKind, Lease
 from . import redis_scripts as scripts
 from .base import Backend, Watch
 from .history import HistoryWriter
-from .wakeups import WakeHub, channel, channels
+from .wakeups import WakeHub, channel
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
@@ -337,6 +337,7 @@ class RedisBackend(Backend):
                 lease.holder,
                 lease.token,
                 lease.name,
+                channel(self._channel_prefix, lease.name),
                 extra=(self.terms_key(),),
             )
         )
@@ -418,13 +419,14 @@ class RedisBackend(Backend):
     def watch(
         self, name: str, callback: Callable[[], None], *, identity: str | None = None
     ) -> Watch | None:
-        """Pub/sub: one subscribed connection per process, shared by every watch."""
+        """Pub/sub: one subscribed connection per process, shared by every watch. A release
+        publishes on the name's channel in its own script (no extra round trip)."""
         hub = self._hub
         if hub is None or not hub.usable():
             from .redis_listen import RedisListener
 
             hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
-        return hub.watch(channels(self._channel_prefix, name, identity), callback)
+        return hub.watch([channel(self._channel_prefix, name, identity)], callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:
         import redis

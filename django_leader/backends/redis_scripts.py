@@ -144,8 +144,9 @@ return {1, ARGV[1], current[2], current[3], str(now), str(expires), transitions,
 """
 )
 
-# KEYS: lease, meta, terms. ARGV: holder, token, name. Returns the server time if released,
-# else 0.
+# KEYS: lease, meta, terms. ARGV: holder, token, name, the name's wake-up channel (every
+# candidate racing for it and every observer: see RedisBackend.watch). Returns the server
+# time if released, else 0.
 RELEASE = (
     NOW
     + """
@@ -154,6 +155,7 @@ if current[1] ~= ARGV[1] or current[2] ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[2], 'released', '1', 'expires', str(now))
 redis.call('HSET', KEYS[3], ARGV[3], str(now))
+redis.call('PUBLISH', ARGV[4], '')
 return str(now)
 """
 )

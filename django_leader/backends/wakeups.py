@@ -7,8 +7,9 @@ best effort: while its connection is down it reconnects with a back-off, the wat
 ``live`` False (candidates poll every ``RETRY_INTERVAL`` meanwhile), and once it is back
 every callback is called once — a wake-up sent while it was away may have been missed.
 
-Channels: :func:`channel` of a name (everyone waiting for it: the race after a release)
-and of a name and an identity (one candidate: the next in a fifo or priority queue).
+Channels: :func:`channel` of a name (everyone racing for it and every observer, woken by
+each release) and of a name and an identity (one candidate: the next in a fifo or priority
+queue, woken by the releaser).
 """
 
 from __future__ import annotations
@@ -38,13 +39,6 @@ def channel(prefix: str, name: str, identity: str | None = None) -> str:
     whatever the name holds; ``prefix`` keeps stores sharing one server apart."""
     key = f"{prefix}\0{name}\0{identity or ''}"
     return "django_leader_" + hashlib.sha256(key.encode()).hexdigest()[:40]
-
-
-def channels(prefix: str, name: str, identity: str | None) -> list[str]:
-    found = [channel(prefix, name)]
-    if identity is not None:
-        found.append(channel(prefix, name, identity))
-    return found
 
 
 class Transport(Protocol):

@@ -161,7 +161,10 @@ class MemoryBackend(Backend):
             current.holder = ""
             current.expires = clock()
             self.events.append(("released", lease.name, lease.holder, lease.token))
-            return True
+            callbacks = list(self._watches.get((lease.name, None), []))
+        for callback in callbacks:  # the name's watchers, as the real stores wake them
+            callback()
+        return True
 
     def read(self, name: str) -> Lease | None:
         with self._lock:
@@ -219,7 +222,7 @@ class MemoryBackend(Backend):
 
     def watch(self, name: str, callback: Callable[[], None], *, identity: str | None = None) -> Any:
         """In-process wake-ups: :meth:`wake` calls the callbacks (in the caller's thread)."""
-        keys = [(name, None)] + ([(name, identity)] if identity is not None else [])
+        keys = [(name, identity)]
         with self._lock:
             for key in keys:
                 self._watches.setdefault(key, []).append(callback)

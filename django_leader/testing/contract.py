@@ -440,15 +440,25 @@ class BackendContract:
             assert ("handover", "alice", "", lease.token, "ops") in events
 
     def test_wake_reaches_the_watchers_it_names(self, backend: Any, lease_name: str) -> None:
-        """``watch``/``wake``: a wake of the name reaches every watcher of it, a wake of an
-        identity only that one. A store that cannot push returns None from watch()."""
-        woken: dict[str, threading.Event] = {who: threading.Event() for who in ("a", "b")}
+        """``watch``/``wake``: a release and ``wake(name)`` reach the watchers of the name,
+        ``wake(name, identity)`` only the one watching for that identity. A store that
+        cannot push returns None from watch()."""
+        woken = {who: threading.Event() for who in ("all", "a", "b")}
         watches = []
         for who, event in woken.items():
-            watch = backend.watch(lease_name, event.set, identity=who)
+            watch = backend.watch(lease_name, event.set, identity=None if who == "all" else who)
             if watch is None:
                 return
             watches.append(watch)
+
+        def only(*expected: str) -> None:
+            for who in expected:
+                assert woken[who].wait(5), f"{who} was not woken"
+            time.sleep(0.3)  # a wake-up for the others would have arrived by now
+            assert sorted(who for who, event in woken.items() if event.is_set()) == sorted(expected)
+            for event in woken.values():
+                event.clear()
+
         try:
             give_up = time.monotonic() + 10
             while not all(watch.live for watch in watches):
@@ -459,12 +469,12 @@ class BackendContract:
             for event in woken.values():
                 event.clear()
             backend.wake(lease_name, "b")
-            assert woken["b"].wait(5)
-            time.sleep(0.3)  # anything for "a" would have arrived by now
-            assert not woken["a"].is_set()
-            woken["b"].clear()
+            only("b")
             backend.wake(lease_name)
-            assert woken["a"].wait(5) and woken["b"].wait(5)
+            only("all")
+            lease, _ = backend.acquire(lease_name, "alice", 30)
+            assert backend.release(lease)
+            only("all")
         finally:
             for watch in watches:
                 watch.close()

@@ -10,6 +10,7 @@ from django_leader.admin.periods import (
     ENDS,
     FITTED_MARGIN,
     FITTED_MIN_SPAN,
+    MARKS,
     NO_HISTORY,
     NO_LEADER,
     NOT_READ,
@@ -36,8 +37,8 @@ def at(minutes: float) -> datetime:
 
 
 def test_every_event_kind_starts_or_ends_a_term() -> None:
-    assert {kind.value for kind in EventKind} == STARTS | ENDS
-    assert not STARTS & ENDS
+    assert {kind.value for kind in EventKind} == STARTS | ENDS | MARKS
+    assert not STARTS & ENDS and not (STARTS | ENDS) & MARKS
     # Plain strings, as the history rows hold them.
     assert "acquired" in STARTS and "forced_release" in ENDS
 
