@@ -11,7 +11,8 @@
 #                each in a venv of its own, where those interpreters exist
 #
 # Variables: PYTHON (the interpreter that creates .venv, default python3),
-# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"), COVERAGE=1 (make test
+# PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"), TEST_WORKERS (make
+# test's parallel pytest processes, default 2; 0 for one), COVERAGE=1 (make test
 # with a branch-coverage report of django_leader/),
 # STORES, DURATION and SEED (make chaos: which stores, seconds of faults each, the seed).
 
@@ -67,8 +68,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 COVERAGE ?=
 COVERAGE_ARGS := $(if $(COVERAGE),--cov=django_leader --cov-branch --cov-report=term-missing:skip-covered)
 
+# TEST_WORKERS: pytest-xdist processes (0: one process). Most tests wait on leases, stores
+# and child processes rather than compute, so two workers on two cores take about half the
+# time. Each worker has its own test databases and Redis databases (testproject/services.py).
+TEST_WORKERS ?= 2
+
 test: venv
-	$(BIN)/python -m pytest $(COVERAGE_ARGS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(COVERAGE_ARGS) $(PYTEST_ARGS)
 
 # Every check runs even if an earlier one fails, so one pass shows every problem: ruff's
 # lint rules and format, mypy over django_leader/ and tests/, and no model change without
