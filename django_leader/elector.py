@@ -140,7 +140,8 @@ class Elector:
         self._candidate = Candidate.here(self.identity, self.priority)
         self._follow = threading.Event()  # a waiting candidate's wake-up (store, stop())
         self._watch: Watch | None = None
-        self._seen_sent = 0.0  # clock() when the attempt that saw _last_seen was sent
+        self._seen: Lease | None = None  # the holder the last attempt saw, if any
+        self._seen_sent = 0.0  # clock() when that attempt was sent
         self._place: int | None = None  # this candidate's place in the queue, 0 = next
         self._members: dict[str, Candidate] = {}  # the registry as last read
         self._members_read = 0.0
@@ -303,8 +304,11 @@ class Elector:
             logger.info("%s campaigning for %r (%s)", self.identity, self.name, self.mode)
             self._open_watch()
             while not self._stop.is_set():
+                # A queue's candidate is woken only when its turn comes (or a hand-over
+                # names it): it tries at once, without reading the queue first.
+                called = self._follow.is_set()
                 self._follow.clear()  # a wake-up from now on is for the next attempt
-                lease = self._campaign(caller)
+                lease = self._campaign(caller, called)
                 if lease is None:
                     self._announce(caller)
                     self._follow.wait(self._poll_interval())
@@ -337,10 +341,10 @@ class Elector:
                     self._campaigning = self._ended = None
             ended.set()
 
-    def _campaign(self, caller: StoreCaller) -> Lease | None:
+    def _campaign(self, caller: StoreCaller, called: bool = False) -> Lease | None:
         timing = self.timing
         bound = timing.ttl - timing.safety_margin  # an answer after it could not be used
-        if self.mode is not Mode.RACE and not self._my_turn(caller):
+        if self.mode is not Mode.RACE and not called and not self._my_turn(caller):
             return None
         self._seen_sent = clock()
         try:
@@ -365,10 +369,9 @@ class Elector:
             return None
         if acquired is not None:
             self._measure_leaderless(acquired)
+        self._seen = current
         if current is not None:
             self._observe(current)
-        else:
-            self._last_seen = None
         return acquired
 
     # -- the queue (fifo, priority) and wake-ups ------------------------------------------
@@ -392,10 +395,9 @@ class Elector:
         except Exception as exc:
             logger.debug("reading %r failed: %s", self.name, exc)
             return False
+        self._seen = current
         if current is not None:
             self._observe(current)
-        else:
-            self._last_seen = None
         return False
 
     def _read_members(self, caller: StoreCaller) -> list[Candidate] | None:
@@ -452,7 +454,7 @@ class Elector:
         if self.mode is not Mode.RACE and (self._place is None or self._place <= 1):
             return retry
         cap = max(retry, self.timing.ttl)
-        seen = self._last_seen
+        seen = self._seen
         if seen is None or seen.expires_in is None:
             return retry if self.mode is Mode.RACE else cap
         until = self._seen_sent + seen.expires_in + 0.005 - clock()
@@ -580,6 +582,7 @@ class Elector:
         self._work_error = None
         self._resign_backoff = None
         self._handover_to = ""
+        self._reading = None
         term = Term(
             self.backend,
             lease,
@@ -688,6 +691,9 @@ class Elector:
                     )
                     return True
                 wake_at = min(wake_at, beat + self.watchdog)
+            self._registry_done()
+            if self._handover_to:
+                continue  # a higher priority joined: end the term (checked above)
             if now >= next_read:
                 next_read = now + self.timing.renew_interval
                 self._read_registry(caller)
@@ -710,6 +716,15 @@ class Elector:
         future.add_done_callback(self._registry_read)
 
     def _registry_read(self, future: Future[list[Candidate] | None]) -> None:
+        # On the store thread, which renews the lease too: only hand the result over.
+        self._wake.set()
+
+    def _registry_done(self) -> None:
+        """In the campaign thread: the registry read in the background, if it came."""
+        future = self._reading
+        if future is None or not future.done():
+            return
+        self._reading = None
         try:
             members = future.result()
         except Exception as exc:
