@@ -437,7 +437,9 @@ class Elector:
 
     def _open_watch(self) -> None:
         try:
-            self._watch = self.backend.watch(self.name, self._follow.set, identity=self.identity)
+            # A race is woken by every release; a queue only when its turn comes.
+            identity = None if self.mode is Mode.RACE else self.identity
+            self._watch = self.backend.watch(self.name, self._follow.set, identity=identity)
         except Exception as exc:  # no wake-ups: poll
             logger.warning("cannot watch %r for wake-ups, polling: %s", self.name, exc)
             self._watch = None

@@ -61,7 +61,9 @@ class PostgresListener:
         if raw is None:
             raise ConnectionError("not connected")
         if hasattr(raw, "notifies") and callable(raw.notifies):  # psycopg 3
-            return [notify.channel for notify in raw.notifies(timeout=timeout)]
+            # Return with the first one (a list comprehension alone would wait out the
+            # timeout); any others come with the next call.
+            return [notify.channel for notify in raw.notifies(timeout=timeout, stop_after=1)]
         readable, _, _ = select.select([raw], [], [], timeout)  # psycopg2
         if readable:
             raw.poll()
