@@ -344,6 +344,7 @@ class Elector:
     def _campaign(self, caller: StoreCaller, called: bool = False) -> Lease | None:
         timing = self.timing
         bound = timing.ttl - timing.safety_margin  # an answer after it could not be used
+        self._seen = None  # unless this attempt sees a holder (an error: poll as usual)
         if self.mode is not Mode.RACE and not called and not self._my_turn(caller):
             return None
         self._seen_sent = clock()
@@ -460,7 +461,9 @@ class Elector:
         if seen is None or seen.expires_in is None:
             return retry if self.mode is Mode.RACE else cap
         until = self._seen_sent + seen.expires_in + 0.005 - clock()
-        return min(cap, max(0.005, until))
+        # Never sooner than a few milliseconds, nor twice in a row for the same lease: a
+        # lease that should have expired by now is tried again after retry_interval.
+        return min(cap, max(0.005, until)) if until > -0.5 else retry
 
     def _leave_queue(self, caller: StoreCaller) -> None:
         """Elected: leave the registry (in the background), so that after this term the
