@@ -251,6 +251,7 @@ def test_handover_to_a_named_candidate_gates_the_lease_to_it(
     """``--to``: the holder's next renewal names the candidate, and once it lets go only
     that candidate may acquire — not the holder, not the next in line."""
     lease, _ = leader_backend.acquire("n", "alice", 10)
+    assert lease is not None
     queue_up(leader_backend, "n", ("bob", 0), ("carol", 0))
     command, answer = handover("n", "--to", "carol")
     assert command.exit_code == 0
