@@ -40,7 +40,7 @@ def observe(
     watch = store.watch(name, woken.set)
     caller = StoreCaller(store, f"{name}:observe")
     bound = call_bound(timing)
-    last: tuple[str, int] | None | bool = False  # False: nothing yielded yet
+    last: tuple[str, int] | bool | None = False  # False: nothing yielded yet
     failing = False
     try:
         while True:
