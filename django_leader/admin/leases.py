@@ -405,7 +405,6 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             "priority": c.priority,
             "host": c.host or empty,
             "pid": c.pid or empty,
-            "version": c.version or empty,
             "seen": empty
             if entry.seen_ago is None
             else _("%(duration)s ago") % {"duration": format_duration(entry.seen_ago)},
