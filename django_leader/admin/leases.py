@@ -2,11 +2,14 @@
 
 State and time left come from the store's clock (:mod:`~django_leader.admin.store`); with a
 store that is not the database each lease is read live (:mod:`~django_leader.admin.live`).
-A lease's page adds the candidates waiting, the timeline
-(:mod:`~django_leader.admin.timeline`) and the recent history; the dashboard
-(:mod:`~django_leader.admin.dashboard`) shows every lease on one page. Force release (an
-action on the list, a button on the page) needs ``django_leader.release_lease`` and a POST
-with a CSRF token; it comes back to the lease's page as it was (its timeline range).
+A lease's page adds the candidates waiting (their place in the queue, priority, host, pid and
+last heartbeat), the timeline (:mod:`~django_leader.admin.timeline`) and the recent history;
+the dashboard (:mod:`~django_leader.admin.dashboard`) shows every lease on one page. Force
+release and hand-over (:mod:`django_leader.handover`: the holder steps down at its next
+renewal and only the chosen candidate may take the lease) are actions on the list and
+buttons on the page; both need ``django_leader.release_lease`` and a POST with a CSRF token,
+are recorded in the history with the acting user, and come back to the lease's page as it
+was (its timeline range).
 Every time is shown to the second with its zone (:mod:`~django_leader.admin.times`).
 """
 
@@ -35,7 +38,8 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
-from ..exceptions import BackendUnavailable
+from ..exceptions import BackendUnavailable, NotSupportedError
+from ..handover import HandoverRefused, NobodyHolds, Waiting, election_mode, hand_over, waiting
 from ..models import Lease, LeaseEvent
 from . import times
 from .constants import (
@@ -129,7 +133,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
     list_display_links = ("name",)
     list_filter = (StateFilter,)
     search_fields = ("name", "holder")
-    actions = ["force_release"]
+    actions = ["force_release", "hand_over"]
     list_per_page = 100
     fields = (
         "name",
@@ -236,15 +240,16 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description=_("candidates waiting"))
     def candidates_waiting(self, row: Lease) -> str:
-        """The Electors campaigning for this lease other than its holder (read live)."""
+        """The Electors campaigning for this lease other than its holder, next in line
+        first (read live; the page's "Candidates waiting" section details them)."""
         try:
             candidates = Store.current().backend.candidates(row.name)
         except BackendUnavailable as exc:
             return f"unknown ({exc})"
         if candidates is None:
             return self.get_empty_value_display()
-        waiting = [c.identity for c in candidates if c.identity != row.holder]
-        return ", ".join(waiting) or str(_("none"))
+        queue = waiting(candidates, election_mode(), holder=row.holder, now=None)
+        return ", ".join(entry.candidate.identity for entry in queue) or str(_("none"))
 
     @admin.display(description=_("acquired at"), ordering="acquired_at")
     def acquired_display(self, row: Lease) -> str:
@@ -270,12 +275,17 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             self.admin_site.admin_view(self.release_view),
             name="{}_{}_release".format(*info),
         )
+        handover = path(
+            "<path:object_id>/handover/",
+            self.admin_site.admin_view(self.handover_view),
+            name="{}_{}_handover".format(*info),
+        )
         dashboard = path(
             "dashboard/",
             self.admin_site.admin_view(self.dashboard_view),
             name="{}_{}_dashboard".format(*info),
         )
-        return [dashboard, release, *super().get_urls()]
+        return [dashboard, release, handover, *super().get_urls()]
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """Every lease on one page: leader, candidates, last transition, alerts."""
@@ -331,6 +341,7 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
                 + urlencode({"name": row.name})
             )
         site = self.admin_site.name
+        candidates, candidates_error = self._waiting(store, row, now)
 
         def with_range(key: str) -> str:
             params = request.GET.copy()
@@ -341,6 +352,16 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
             **store.header(now=now),
             "lease_state": state,
             "can_release": self.has_release_permission(request) and bool(row.holder),
+            "candidates": candidates,
+            "candidates_error": candidates_error,
+            "election_mode": str(election_mode()),
+            "can_hand_over": self.has_release_permission(request)
+            and state == LEADING
+            and bool(candidates),
+            "handover_url": reverse(
+                "admin:django_leader_lease_handover", args=[quote(row.name)], current_app=site
+            )
+            + kept_query(request),
             "release_url": reverse(
                 "admin:django_leader_lease_release", args=[quote(row.name)], current_app=site
             )
@@ -356,6 +377,38 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
                 "admin:django_leader_lease_history", args=[quote(row.name)], current_app=site
             ),
             "dashboard_url": self.dashboard_url(),
+        }
+
+    def _waiting(
+        self, store: Store, row: Lease, now: Any
+    ) -> tuple[list[dict[str, Any]] | None, str]:
+        """The candidates waiting as the page lists them, next in line first (None if the
+        store keeps no registry), and why they could not be read ("" if they could)."""
+        try:
+            found = store.backend.candidates(row.name)
+        except BackendUnavailable as exc:
+            return None, str(exc)
+        if found is None:
+            return None, ""
+        empty = self.get_empty_value_display()
+        return [
+            self._candidate_row(entry, empty)
+            for entry in waiting(found, election_mode(), holder=row.holder, now=now)
+        ], ""
+
+    @staticmethod
+    def _candidate_row(entry: Waiting, empty: str) -> dict[str, Any]:
+        c = entry.candidate
+        return {
+            "place": entry.place,
+            "identity": c.identity,
+            "priority": c.priority,
+            "host": c.host or empty,
+            "pid": c.pid or empty,
+            "seen": empty
+            if entry.seen_ago is None
+            else _("%(duration)s ago") % {"duration": format_duration(entry.seen_ago)},
+            "joined": times.html(c.joined_at, empty),
         }
 
     # -- force release -------------------------------------------------------------------
@@ -394,14 +447,17 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.action(description=_("Force release the selected leases"), permissions=["release"])
     def force_release(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._force_release(request, self._selected(request, queryset), "")
+
+    @staticmethod
+    def _selected(request: HttpRequest, queryset: QuerySet[Any]) -> list[str]:
+        """The names an action was asked for (a store without rows: from the form)."""
         store = Store.current()
         if not store.live:
-            names = list(queryset.values_list("name", flat=True))
-        elif request.POST.get("select_across") == "1":
-            names = store.names()
-        else:
-            names = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
-        self._force_release(request, names, "")
+            return list(queryset.values_list("name", flat=True))
+        if request.POST.get("select_across") == "1":
+            return store.names()
+        return request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
 
     def _force_release(self, request: HttpRequest, names: list[str], reason: str) -> None:
         store = Store.current()
@@ -429,5 +485,72 @@ class LeaseAdmin(ReadOnly, admin.ModelAdmin):
                 "The holder steps down at its next renewal; the lease can be taken once "
                 "its current term ends.",
             )
+        if not store.backend.flush_history(5):
+            messages.warning(request, "The history event is not written yet.")
+
+    # -- hand-over -----------------------------------------------------------------------
+    def handover_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST (with CSRF token): hand the lease over to ``to`` (default: the next in
+        line), then back to the lease's page. Nothing else is allowed."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_release_permission(request):
+            raise PermissionDenied
+        row = self.get_object(request, unquote(object_id))
+        if row is None:
+            raise Http404(f"No lease named {unquote(object_id)!r}")
+        to = request.POST.get("to") or None
+        self._hand_over(request, [row.name], to, request.POST.get("reason", ""))
+        return HttpResponseRedirect(
+            reverse(
+                "admin:django_leader_lease_change",
+                args=[quote(row.name)],
+                current_app=self.admin_site.name,
+            )
+            + kept_query(request)
+        )
+
+    @admin.action(
+        description=_("Hand the selected leases over to the next in line"),
+        permissions=["release"],
+    )
+    def hand_over(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._hand_over(request, self._selected(request, queryset), None, "")
+
+    def _hand_over(
+        self, request: HttpRequest, names: list[str], to: str | None, reason: str
+    ) -> None:
+        store = Store.current()
+        user: Any = request.user
+        actor = user.get_username()
+        reason = " ".join(reason.split())[:400] or "in the Django admin"
+        for name in names:
+            try:
+                asked = hand_over(store.backend, name, to, actor=actor, reason=reason)
+            except NobodyHolds:
+                messages.warning(request, f"“{name}” was not held: nothing to hand over.")
+                continue
+            except (HandoverRefused, NotSupportedError, BackendUnavailable) as exc:
+                messages.error(request, f"Could not hand “{name}” over: {exc}")
+                continue
+            lease = asked.holder
+            self.log_change(
+                request,
+                Lease(name=name),
+                f"Handed over to {asked.to} (held by {lease.holder}, token {lease.token}): "
+                f"{reason}",
+            )
+            messages.success(
+                request,
+                f"“{name}”: {lease.holder} (token {lease.token}) hands over to {asked.to} at "
+                f"its next renewal; only {asked.to} may take the lease for the next "
+                f"{format_duration(asked.window)}.",
+            )
+            if asked.outranked_by is not None:
+                messages.warning(
+                    request,
+                    f"The election mode is priority: {asked.outranked_by.identity} outranks "
+                    f"{asked.to} and takes “{name}” back at {asked.to}'s next renewal.",
+                )
         if not store.backend.flush_history(5):
             messages.warning(request, "The history event is not written yet.")

@@ -53,6 +53,10 @@ def release_url(name: str) -> str:
     return reverse("admin:django_leader_lease_release", args=[quote(name)])
 
 
+def handover_url(name: str) -> str:
+    return reverse("admin:django_leader_lease_handover", args=[quote(name)])
+
+
 @pytest.fixture
 def make_staff(django_user_model: Any) -> Any:
     def make(username: str, *perms: str) -> Any:
@@ -508,6 +512,105 @@ def test_lease_page_lists_the_candidates_waiting(
     field = page[page.index("field-candidates_waiting") :]
     field = field[: field.index("</div>", field.index("readonly"))]
     assert "bob, carol" in field and "alice" not in field
+
+
+def section(page: str, element_id: str) -> str:
+    """The ``<section id=element_id>`` of a page."""
+    start = page.index(f'id="{element_id}"')
+    return page[start : page.index("</section>", start)]
+
+
+def test_lease_page_shows_each_candidate_with_its_place_and_last_heartbeat(
+    admin_client: Client, store: Any, lease_name: str
+) -> None:
+    store.acquire(lease_name, "alice", 60)
+    store.announce(lease_name, Candidate("alice", 0, "host-a", 11), 60)  # leads: not waiting
+    store.announce(lease_name, Candidate("bob", 3, "host-b", 22), 60)
+    store.announce(lease_name, Candidate("carol", 7, "host-c", 33), 60)
+    page = admin_client.get(change_url(lease_name)).content.decode()
+    rows = section(page, "leader-candidates").split('<tr class="leader-candidate">')[1:]
+    cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in rows]
+    assert [(c[0], c[2], c[3], c[4]) for c in cells] == [
+        ("1", "3", "host-b", "22"),
+        ("2", "7", "host-c", "33"),
+    ]
+    assert "bob" in cells[0][1] and "carol" in cells[1][1]
+    # Last seen by the store's clock: announced a moment ago.
+    assert all(re.fullmatch(r"\d+\.\d s ago", c[5]) for c in cells), cells
+    assert 'class="leader-time"' in cells[0][6]  # joined
+    # Nobody waiting: said so.
+    other = f"{lease_name}-alone"
+    store.acquire(other, "dave", 60)
+    page = admin_client.get(change_url(other)).content.decode()
+    assert "No candidate is waiting." in section(page, "leader-candidates")
+
+
+def test_hand_over_from_the_lease_page_is_recorded_with_the_user(
+    client: Client, make_staff: Any, store: Any, lease_name: str
+) -> None:
+    """The page offers the candidates, the next in line chosen; the hand-over needs the
+    release permission and a POST with the CSRF token, and the holder's next renewal
+    names the candidate chosen."""
+    lease, _ = store.acquire(lease_name, "alice", 60)
+    for identity in ("bob", "carol"):
+        store.announce(lease_name, Candidate(identity), 60)
+    viewer = make_staff("viewer", "django_leader.view_lease")
+    page = login(client, viewer).get(change_url(lease_name)).content.decode()
+    assert "carol" in section(page, "leader-candidates")
+    assert handover_url(lease_name) not in page
+    assert client.post(handover_url(lease_name), {"to": "carol"}).status_code == 403
+
+    operator = make_staff("operator", "django_leader.view_lease", "django_leader.release_lease")
+    browser = login(Client(enforce_csrf_checks=True), operator)
+    page = browser.get(change_url(lease_name)).content.decode()
+    form = section(page, "leader-candidates")
+    assert f'action="{handover_url(lease_name)}"' in form
+    assert '<option value="bob" selected>1. bob (next in line)</option>' in form
+    assert '<option value="carol">2. carol</option>' in form
+    assert browser.post(handover_url(lease_name), {"to": "carol"}).status_code == 403  # no CSRF
+    assert browser.get(handover_url(lease_name)).status_code == 405
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token is not None
+    response = browser.post(
+        handover_url(lease_name),
+        {"csrfmiddlewaretoken": token.group(1), "to": "carol", "reason": "deploy"},
+        follow=True,
+    )
+    assert response.redirect_chain == [(change_url(lease_name), 302)]
+    assert "hands over to carol at its next renewal" in response.content.decode()
+    assert history(store, lease_name)[-1] == ("handover", "alice", "", lease.token, "operator")
+    assert LeaseEvent.objects.get(name=lease_name, kind="handover").detail == "to carol: deploy"
+    from django.contrib.admin.models import LogEntry
+
+    logged = LogEntry.objects.get(object_id=lease_name)
+    assert logged.user == operator and "Handed over to carol" in logged.change_message
+    renewed = store.renew(lease, 60)
+    assert renewed is not None and renewed.handover_to == "carol"
+    assert store.acquire(lease_name, "bob", 60)[0] is None
+
+
+def test_hand_over_action_on_the_list_goes_to_the_next_in_line(
+    client: Client, make_staff: Any, store: Any
+) -> None:
+    waiting, alone, free = (f"test-{uuid.uuid4().hex[:12]}" for _ in range(3))
+    held, _ = store.acquire(waiting, "alice", 60)
+    store.announce(waiting, Candidate("bob"), 60)
+    store.announce(waiting, Candidate("carol"), 60)
+    store.acquire(alone, "dave", 60)
+    released, _ = store.acquire(free, "erin", 60)
+    store.release(released)
+    login(client, make_staff("operator", "django_leader.view_lease", "django_leader.release_lease"))
+    assert 'value="hand_over"' in client.get(reverse(LIST)).content.decode()
+
+    response = client.post(reverse(LIST), action_post([waiting, alone, free], "hand_over"))
+    html = client.get(response["Location"]).content.decode()
+    assert "hands over to bob at its next renewal" in html
+    assert f"Could not hand “{alone}” over: no candidate is waiting" in html
+    assert f"“{free}” was not held: nothing to hand over." in html
+    assert events_of(waiting)[-1] == ("handover", "alice", "operator")
+    assert [kind for kind, *_ in events_of(alone)] == ["acquired"]
+    renewed = store.renew(held, 60)
+    assert renewed is not None and renewed.handover_to == "bob"
 
 
 def test_history_changelist_filters_and_newest_first(admin_client: Client) -> None:

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
+import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from django_leader import backends
 from django_leader.backends import get_backend
+from django_leader.backends.base import Backend
 from django_leader.election import Candidate
+from django_leader.lease import LossReason
 from django_leader.models import LeaseEvent
+from django_leader.testing import MemoryBackend, leader_backend
 from tests.support.stores import ROOT, child_env, history, stores_db
+from tests.support.waiting import wait_until
 
 pytestmark = stores_db
+__all__ = ["leader_backend"]  # the fixture, imported for use below
 
 
 def run(backend: Any, *args: str) -> subprocess.CompletedProcess[str]:
@@ -50,20 +59,49 @@ def test_status_json_of_held_lease(backend: Any, lease_name: str) -> None:
         "expires_in",
         "transitions",
         "candidates",
+        "queue",
         "known",
     }
-    assert data["candidates"] == [] and data["known"] is True
+    assert data["candidates"] == [] and data["queue"] == [] and data["known"] is True
 
 
 def test_status_lists_candidates_waiting(backend: Any, lease_name: str) -> None:
+    """Each candidate but the holder, in its place in the queue, with its priority, host,
+    pid and how long ago the store last heard from it (by the store's clock)."""
     backend.acquire(lease_name, "alice", 30)
     for identity in ("alice", "bob", "carol"):  # the holder is not one waiting
-        backend.announce(lease_name, Candidate(identity), 30)
+        backend.announce(lease_name, Candidate(identity, 0, f"{identity}-host", 100), 30)
     data = json.loads(run(backend, "status", lease_name, "--json").stdout)
     assert data["candidates"] == ["bob", "carol"]
+    assert [
+        (c["place"], c["identity"], c["priority"], c["host"], c["pid"]) for c in data["queue"]
+    ] == [(1, "bob", 0, "bob-host", 100), (2, "carol", 0, "carol-host", 100)]
+    # Announced just now, by the store's clock (the subprocess took a second to start).
+    assert all(0 <= c["seen_ago"] < 30 for c in data["queue"]), data["queue"]
+    assert data["queue"][0]["seen_at"] and data["queue"][0]["joined_at"]
     result = run(backend, "status", lease_name)
     assert result.returncode == 0, result.stderr
-    assert "candidates waiting: bob, carol" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[1] == "  candidates waiting: bob, carol"
+    assert re.fullmatch(
+        r"    1\. bob  \(priority 0, bob-host pid 100, seen \d+\.\ds ago\)", lines[2]
+    )
+    assert lines[3].startswith("    2. carol  (priority 0, carol-host pid 100, seen ")
+
+
+def test_status_queue_follows_the_election_mode(leader_backend: MemoryBackend) -> None:
+    """In priority mode the queue is by priority (ties: join order), not join order."""
+    from django.test import override_settings
+
+    leader_backend.acquire("n", "alice", 30)
+    for identity, priority in (("bob", 1), ("carol", 5), ("dave", 1)):
+        leader_backend.announce("n", Candidate(identity, priority), 30)
+    out = io.StringIO()
+    with override_settings(DJANGO_LEADER={"ELECTION_MODE": "priority"}):
+        call_command("leader", "status", "n", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["candidates"] == ["carol", "bob", "dave"]
+    assert [(c["place"], c["priority"]) for c in data["queue"]] == [(1, 5), (2, 1), (3, 1)]
 
 
 def test_status_exits_3_when_nobody_holds(backend: Any, lease_name: str) -> None:
@@ -188,3 +226,175 @@ def test_call_command_returns_instead_of_exiting(lease_name: str) -> None:
     store.acquire(lease_name, "alice", 30)
     call_command(command, "status", lease_name, stdout=out)
     assert command.exit_code == 0
+
+
+# -- handover ----------------------------------------------------------------------------
+
+
+def handover(*args: str) -> tuple[Any, dict[str, Any]]:
+    """``leader handover ARGS --json`` in this process: the command and its JSON answer."""
+    from django_leader.management.commands.leader import Command
+
+    command, out = Command(), io.StringIO()
+    call_command(command, "handover", *args, "--json", stdout=out, stderr=io.StringIO())
+    return command, json.loads(out.getvalue())
+
+
+def queue_up(store: MemoryBackend, name: str, *candidates: tuple[str, int]) -> None:
+    for identity, priority in candidates:
+        store.announce(name, Candidate(identity, priority), 30)
+
+
+def test_handover_to_a_named_candidate_gates_the_lease_to_it(
+    leader_backend: MemoryBackend,
+) -> None:
+    """``--to``: the holder's next renewal names the candidate, and once it lets go only
+    that candidate may acquire — not the holder, not the next in line."""
+    lease, _ = leader_backend.acquire("n", "alice", 10)
+    assert lease is not None
+    queue_up(leader_backend, "n", ("bob", 0), ("carol", 0))
+    command, answer = handover("n", "--to", "carol")
+    assert command.exit_code == 0
+    assert (answer["holder"], answer["token"], answer["to"], answer["held"]) == (
+        "alice",
+        lease.token,
+        "carol",
+        True,
+    )
+    assert answer["actor"].startswith("manage.py leader handover (")
+    assert answer["window"] == 20.0  # LEASE_TTL + RENEW_INTERVAL of the settings
+    assert leader_backend.events[-1] == ("handover", "n", "alice", 0)
+    renewed = leader_backend.renew(lease, 30)
+    assert renewed is not None and renewed.handover_to == "carol"
+    assert leader_backend.release(renewed)
+    for other in ("alice", "bob"):
+        assert leader_backend.acquire("n", other, 30)[0] is None, other
+    taken, _ = leader_backend.acquire("n", "carol", 30)
+    assert taken is not None and taken.holder == "carol"
+
+
+def test_handover_without_to_goes_to_the_next_in_line_by_mode(
+    leader_backend: MemoryBackend,
+) -> None:
+    from django.test import override_settings
+
+    leader_backend.acquire("n", "alice", 30)
+    queue_up(leader_backend, "n", ("alice", 9), ("bob", 1), ("carol", 5))
+    assert handover("n")[1]["to"] == "bob"  # race (the default) and fifo: join order
+    with override_settings(DJANGO_LEADER={"ELECTION_MODE": "priority"}):
+        assert handover("n")[1]["to"] == "carol"  # the highest priority but the holder's
+
+
+def test_handover_refuses_what_it_cannot_do(leader_backend: MemoryBackend) -> None:
+    """A clear error (exit 1), and no request made: ``--to`` not a live candidate (the
+    candidates are listed), the holder itself, nobody waiting, a store that cannot."""
+    from django.core.management.base import CommandError
+
+    leader_backend.acquire("n", "alice", 30)
+    with pytest.raises(CommandError, match="no candidate is waiting for 'n'"):
+        handover("n")
+    queue_up(leader_backend, "n", ("bob", 0), ("carol", 0))
+    with pytest.raises(CommandError, match=r"dave is not a live candidate .*: bob, carol$"):
+        handover("n", "--to", "dave")
+    with pytest.raises(CommandError, match="alice already holds 'n'"):
+        handover("n", "--to", "alice")
+    assert [event[0] for event in leader_backend.events] == ["acquired"]
+
+    class NoHandover(MemoryBackend):
+        request_handover = Backend.request_handover
+
+    cannot = NoHandover()
+    cannot.acquire("n", "alice", 30)
+    queue_up(cannot, "n", ("bob", 0))
+    with (
+        mock.patch.object(backends, "_override", cannot),
+        pytest.raises(CommandError, match="cannot hand 'n' over: NoHandover cannot hand"),
+    ):
+        handover("n")
+
+
+def test_handover_wait_follows_real_electors(leader_backend: MemoryBackend) -> None:
+    """Two Electors: ``--wait`` returns once the named one leads; the old leader stepped
+    down as handed over and did not win the lease back."""
+    from django_leader import Elector
+
+    timing = {"ttl": 1.0, "renew_interval": 0.1, "retry_interval": 0.05}
+    alice = Elector("n", identity="alice", **timing)  # type: ignore[arg-type]
+    alice.start()
+    bob = Elector("n", identity="bob", **timing)  # type: ignore[arg-type]
+    try:
+        assert alice.wait_for_leadership(5)
+        first = alice.lease
+        assert first is not None
+        bob.start()
+        wait_until(lambda: leader_backend.candidates("n"), timeout=5, message="bob never queued")
+        command, answer = handover("n", "--to", "bob", "--wait", "5")
+        assert command.exit_code == 0, answer
+        assert answer["handed_over"] is True and answer["now"]["holder"] == "bob", answer
+        assert answer["now"]["token"] > first.token
+        assert first.lost_cause is LossReason.HANDED_OVER
+        assert bob.is_leader and not alice.is_leader
+        assert [e[2] for e in leader_backend.events if e[0] == "acquired"] == ["alice", "bob"]
+    finally:
+        bob.stop()
+        alice.stop()
+
+
+def test_handover_wait_fails_when_the_candidate_does_not_take_it(
+    leader_backend: MemoryBackend,
+) -> None:
+    """Nobody renews this lease, so the holder never hears of the request: after ``--wait``
+    the command says who holds it and exits 4."""
+    leader_backend.acquire("n", "alice", 30)
+    queue_up(leader_backend, "n", ("bob", 0))
+    command, answer = handover("n", "--wait", "0.3")
+    assert command.exit_code == 4
+    assert answer["handed_over"] is False and answer["now"]["holder"] == "alice"
+    assert answer["waited"] >= 0.3
+
+
+def test_handover_window_covers_a_holder_with_a_longer_ttl() -> None:
+    """An Elector may run with a longer ttl than LEASE_TTL, and renew as rarely as every
+    ttl / 2: the gate stands at least one of its TTLs, so it sees the request."""
+    from datetime import datetime, timezone
+
+    from django_leader.conf import get_settings
+    from django_leader.handover import window_for
+    from django_leader.lease import Lease
+
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    short = Lease("n", "a", 1, at, at, at + timedelta(seconds=5), 1)
+    long = Lease("n", "a", 1, at, at, at + timedelta(seconds=120), 1)
+    timing = get_settings().timing
+    assert window_for(short) == timing.ttl + timing.renew_interval
+    assert window_for(long) == 120.0
+
+
+def test_handover_exit_codes_on_the_command_line(store: Any, lease_name: str) -> None:
+    """3 for a name nobody holds (an unknown one said so), 2 for a usage error, 1 with the
+    error on stderr; done, the history names the operator and the candidate."""
+    from django.core.management.base import CommandError
+
+    from django_leader.management.commands.leader import Command
+
+    command, out = Command(), io.StringIO()
+    call_command(command, "handover", lease_name, stdout=out)
+    assert command.exit_code == 3
+    assert out.getvalue().startswith(f"{lease_name}: unknown — no lease of that name")
+    with pytest.raises(CommandError) as usage:
+        call_command("leader", "handover", lease_name, "--wait", "0")
+    assert usage.value.returncode == 2
+
+    lease, _ = store.acquire(lease_name, "alice", 30)
+    store.announce(lease_name, Candidate("bob"), 30)
+    refused = run(store, "handover", lease_name, "--to", "carol")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "carol is not a live candidate" in refused.stderr and "bob" in refused.stderr
+    done = run(store, "handover", lease_name, "--reason", "deploy")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{lease_name}: alice (token {lease.token}) hands over to bob")
+    kind, holder, _, token, actor = history(store, lease_name)[-1]
+    assert (kind, holder, token) == ("handover", "alice", lease.token)
+    assert actor.startswith("manage.py leader handover (")
+    event = LeaseEvent.objects.filter(name=lease_name, kind="handover").get()
+    assert event.detail == "to bob: deploy"

@@ -4,9 +4,14 @@
                                          never seen is reported as unknown)
     leader history NAME [--limit N] [--json]
     leader release NAME                  force-release (recorded in the history)
+    leader handover NAME [--to IDENTITY] [--wait SECONDS] [--json]
+                                         the holder steps down at its next renewal and
+                                         only IDENTITY (default: the next in line) may
+                                         take the lease (recorded in the history)
     leader prune [--days N]              delete history older than N days
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 nobody holds NAME (``status NAME``, ``release NAME``).
+Exit codes: 0 ok, 1 error, 2 usage, 3 nobody holds NAME (``status NAME``, ``release NAME``,
+``handover NAME``), 4 ``handover --wait``: the candidate did not take the lease in time.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import difflib
 import getpass
 import json
 import sys
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -24,17 +30,31 @@ from django.db.models.functions import Now
 
 from django_leader.backends import get_backend
 from django_leader.conf import get_settings, validate_name
-from django_leader.exceptions import BackendUnavailable
+from django_leader.election import Candidate, Mode
+from django_leader.exceptions import BackendUnavailable, NotSupportedError
+from django_leader.handover import (
+    HandoverRefused,
+    NobodyHolds,
+    Waiting,
+    election_mode,
+    hand_over,
+    waiting,
+)
 from django_leader.lease import Lease
 
 NOBODY = 3
+#: ``handover --wait``: the candidate did not hold the lease within the wait.
+NOT_HANDED_OVER = 4
+#: How often ``handover --wait`` reads who holds the lease.
+WAIT_POLL = 0.1
 
 
-def lease_dict(name: str, lease: Lease | None, candidates: list[str] | None) -> dict[str, Any]:
-    """One lease as ``leader status --json`` gives it. ``candidates``: the Electors waiting
-    to take over (campaigning, not holding), or None if the store does not track them."""
-    if candidates is not None and lease is not None:
-        candidates = [identity for identity in candidates if identity != lease.holder]
+def lease_dict(name: str, lease: Lease | None, queue: list[Waiting] | None) -> dict[str, Any]:
+    """One lease as ``leader status --json`` gives it. ``queue``: the Electors waiting to
+    take over (campaigning, not holding) in the order they get their turn, or None if the
+    store does not track them."""
+    candidates = None if queue is None else [w.candidate.identity for w in queue]
+    rows = None if queue is None else [w.as_dict() for w in queue]
     if lease is None:
         return {
             "name": name,
@@ -47,6 +67,7 @@ def lease_dict(name: str, lease: Lease | None, candidates: list[str] | None) -> 
             "expires_in": None,
             "transitions": None,
             "candidates": candidates,
+            "queue": rows,
         }
     return {
         "name": name,
@@ -59,20 +80,32 @@ def lease_dict(name: str, lease: Lease | None, candidates: list[str] | None) -> 
         "expires_in": round(lease.expires_in, 3) if lease.expires_in is not None else None,
         "transitions": lease.transitions,
         "candidates": candidates,
+        "queue": rows,
     }
 
 
-def candidates_of(backend: Any, name: str) -> list[str] | None:
+def candidates_of(backend: Any, name: str) -> list[Candidate] | None:
     """The candidates of ``name``, or None when unknown (best effort, as they are kept)."""
     try:
-        found = backend.candidates(name)
+        found: list[Candidate] | None = backend.candidates(name)
     except BackendUnavailable:
         return None
-    return None if found is None else [candidate.identity for candidate in found]
+    return found
+
+
+def waiting_line(entry: Waiting) -> str:
+    """One candidate of ``leader status``: place, identity, priority, host, pid, last seen."""
+    c = entry.candidate
+    parts = [f"priority {c.priority}"]
+    if c.host or c.pid:
+        parts.append(f"{c.host or '?'} pid {c.pid or '?'}")
+    if entry.seen_ago is not None:
+        parts.append(f"seen {entry.seen_ago:.1f}s ago")
+    return f"    {entry.place}. {c.identity}  ({', '.join(parts)})"
 
 
 class Command(BaseCommand):
-    help = "Inspect and operate django-leader leases: status, history, release, prune."
+    help = "Inspect and operate django-leader leases: status, history, release, handover, prune."
 
     #: The exit status of the last run (3: nobody holds NAME). Only the command line
     #: exits with it; ``call_command()`` returns normally and leaves it here.
@@ -95,6 +128,27 @@ class Command(BaseCommand):
         release = sub.add_parser("release", help="force-release NAME (recorded in history)")
         release.add_argument("name")
         release.add_argument("--reason", default="", help="recorded as the event's detail")
+        handover = sub.add_parser(
+            "handover",
+            help="the holder of NAME steps down at its next renewal and hands the lease to "
+            "a candidate (recorded in history)",
+        )
+        handover.add_argument("name")
+        handover.add_argument(
+            "--to",
+            metavar="IDENTITY",
+            default=None,
+            help="the live candidate to hand over to (default: the next in line)",
+        )
+        handover.add_argument("--reason", default="", help="recorded in the event's detail")
+        handover.add_argument(
+            "--wait",
+            type=float,
+            metavar="SECONDS",
+            default=None,
+            help="wait until the candidate holds the lease (exit 4 if it does not in time)",
+        )
+        handover.add_argument("--json", action="store_true")
         prune = sub.add_parser("prune", help="delete history older than --days")
         prune.add_argument("--days", type=int, default=None)
 
@@ -106,24 +160,50 @@ class Command(BaseCommand):
                 validate_name(name)
             except (TypeError, ValueError) as exc:
                 raise CommandError(str(exc), returncode=2) from None
+        self._now: datetime | None = None
         try:
             self.exit_code = getattr(self, f"do_{action}")(options)
         except BackendUnavailable as exc:
             raise CommandError(str(exc)) from None
 
+    def _store_now(self, backend: Any) -> datetime:
+        """The store's clock, read once per run."""
+        if self._now is None:
+            self._now = backend.now()
+        return self._now
+
+    def _queue(
+        self, backend: Any, name: str, lease: Lease | None, mode: Mode
+    ) -> list[Waiting] | None:
+        """The candidates of ``name`` waiting, in queue order, each last seen how long ago
+        by the store's clock (the lease's reading, else the store's now)."""
+        found = candidates_of(backend, name)
+        if found is None:
+            return None
+        now = None
+        if found:
+            now = lease.read_at if lease is not None and lease.read_at else None
+            now = now or self._store_now(backend)
+        return waiting(found, mode, holder=lease.holder if lease else None, now=now)
+
     def do_status(self, options: dict[str, Any]) -> int:
         backend = get_backend()
+        mode = election_mode()
         names = [options["name"]] if options["name"] else backend.names()
-        rows = [
-            lease_dict(name, backend.read(name), candidates_of(backend, name)) for name in names
-        ]
+        rows, queues = [], []
+        for name in names:
+            lease = backend.read(name)
+            queue = self._queue(backend, name, lease, mode)
+            rows.append(lease_dict(name, lease, queue))
+            queues.append(queue or [])
         if options["name"]:
             rows[0]["known"] = rows[0]["state"] == "held" or self._known(backend, names[0])
         if options["json"]:
             self.stdout.write(json.dumps(rows[0] if options["name"] else rows, indent=2))
-        elif not rows:
+            return NOBODY if options["name"] and rows[0]["state"] == "free" else 0
+        if not rows:
             self.stdout.write("no leases yet")
-        for row in rows if not options["json"] else []:
+        for row, queue in zip(rows, queues, strict=True):
             if not row.get("known", True):
                 self.stdout.write(f"{row['name']}: unknown — {self._unknown(backend, row)}")
             elif row["state"] == "free":
@@ -134,8 +214,10 @@ class Command(BaseCommand):
                     f"expires in {row['expires_in']:.1f}s, since {row['acquired_at']}, "
                     f"{row['transitions']} transitions"
                 )
-            if row["candidates"]:
+            if queue:
                 self.stdout.write(f"  candidates waiting: {', '.join(row['candidates'])}")
+                for entry in queue:
+                    self.stdout.write(waiting_line(entry))
         return NOBODY if options["name"] and rows[0]["state"] == "free" else 0
 
     def _known(self, backend: Any, name: str) -> bool:
@@ -207,6 +289,97 @@ class Command(BaseCommand):
             "it steps down at its next renewal"
         )
         return 0
+
+    def do_handover(self, options: dict[str, Any]) -> int:
+        name, wait = options["name"], options["wait"]
+        if wait is not None and not 0 < wait < float("inf"):
+            raise CommandError("--wait must be a number of seconds > 0", returncode=2)
+        backend = get_backend()
+        actor = f"manage.py leader handover ({getpass.getuser()})"
+        try:
+            asked = hand_over(backend, name, options["to"], actor=actor, reason=options["reason"])
+        except NobodyHolds:
+            known = self._known(backend, name)
+            text = (
+                "nobody holds it"
+                if known
+                else f"unknown — {self._unknown(backend, {'name': name})}"
+            )
+            if options["json"]:
+                self.stdout.write(
+                    json.dumps({"name": name, "holder": None, "known": known}, indent=2)
+                )
+            else:
+                self.stdout.write(f"{name}: {text}")
+            return NOBODY
+        except (HandoverRefused, NotSupportedError) as exc:
+            raise CommandError(f"cannot hand {name!r} over: {exc}") from None
+        lease = asked.holder
+        result: dict[str, Any] = {
+            "name": name,
+            "holder": lease.holder,
+            "token": lease.token,
+            "to": asked.to,
+            "window": round(asked.window, 3),
+            "actor": actor,
+            "held": asked.held,
+            # With --wait: whether ``to`` holds it now, who does, after how many seconds.
+            "handed_over": None,
+            "now": None,
+            "waited": None,
+        }
+        if asked.queue is None:
+            self.stderr.write(
+                f"the store keeps no candidate registry: {asked.to} was not checked to be "
+                "a live candidate"
+            )
+        if asked.outranked_by is not None:
+            first = asked.outranked_by
+            self.stderr.write(
+                f"ELECTION_MODE is 'priority': {first.identity} (priority {first.priority}) "
+                f"outranks {asked.to}, which hands the lease on to it at its next renewal"
+            )
+        if not options["json"]:
+            if asked.held:
+                self.stdout.write(
+                    f"{name}: {lease.holder} (token {lease.token}) hands over to {asked.to} at "
+                    f"its next renewal; only {asked.to} may take it for {asked.window:.1f}s"
+                )
+            else:
+                self.stdout.write(
+                    f"{name}: {lease.holder} let it go meanwhile; only {asked.to} may take "
+                    f"it for {asked.window:.1f}s"
+                )
+        if wait is None:
+            if options["json"]:
+                self.stdout.write(json.dumps(result, indent=2))
+            return 0
+        started = time.monotonic()
+        give_up = started + wait
+        while True:
+            current = backend.read(name)
+            left = give_up - time.monotonic()
+            if (current is not None and current.holder == asked.to) or left <= 0:
+                break
+            time.sleep(min(WAIT_POLL, left))
+        waited = time.monotonic() - started
+        done = current is not None and current.holder == asked.to
+        result["handed_over"] = done
+        result["now"] = (
+            None if current is None else {"holder": current.holder, "token": current.token}
+        )
+        result["waited"] = round(waited, 3)
+        if options["json"]:
+            self.stdout.write(json.dumps(result, indent=2))
+        elif done:
+            assert current is not None
+            self.stdout.write(
+                f"{name}: held by {current.holder} (token {current.token}) after {waited:.1f}s"
+            )
+        else:
+            now = "nobody holds it" if current is None else f"held by {current.holder}"
+            self.stderr.write(f"{name}: {asked.to} did not take it within {wait:g}s; {now}")
+        return 0 if done else NOT_HANDED_OVER
 
     def do_prune(self, options: dict[str, Any]) -> int:
         from django_leader.models import LeaseCandidate, LeaseEvent
