@@ -120,7 +120,7 @@ class LeaderSettings:
     #: None: ``LEASE_TTL``). See :func:`lock_delay`.
     lock_delay: float
     #: How the waiting candidates take turns (``ELECTION_MODE``): "race", "fifo" or
-    #: "priority" (see :mod:`django_leader.election`).
+    #: "priority" (see docs/elections.md).
     election_mode: str = "race"
 
 
