@@ -79,6 +79,8 @@ class HeartbeatFile:
 
     def reset(self) -> None:
         """A child starts: it has the whole watchdog period from now."""
+        # Again if a cleaner of the temporary directory took it meanwhile.
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         with open(self.path, "ab"):
             pass
         self._seen = self._status()
