@@ -100,6 +100,7 @@ def test_work_that_stops_beating_loses_the_lease_and_another_leads(
         # The acceptance bound: the lease is given up within watchdog + RENEW_INTERVAL.
         assert lost_after <= WATCHDOG + RENEW, lost_after
         assert second.wait_for_leadership(WAIT)
+        print(f"led by another {clock() - work.last_beat:.3f}s after the last heartbeat")
         assert second.lease is not None and second.lease.token > lease.token
 
         # The work is still running: the liveness view says so once past the grace.
