@@ -4,8 +4,15 @@
 callable in this process or a child process under the guard (:mod:`django_leader.guard`),
 and stops it when the term ends. The lease is let go only once the payload stopped: a
 payload never outlives its lease (see docs/safety.md). What the runner needs is given to
-it: the elector (to resign, stop, and for its retry interval), the payload, ``--grace``
-and ``--on-exit``; the command keeps argument parsing and signal handling.
+it: the elector (to resign, stop, and for its retry interval), the payload, ``--grace``,
+``--on-exit`` and ``--watchdog``; the command keeps argument parsing and signal handling.
+
+The watchdog of a child (``--watchdog S``) is the runner's, not the Elector's: the child
+touches the file named by ``DJANGO_LEADER_HEARTBEAT_FILE``; once it has not for S seconds,
+the runner stops the child as at the end of a term (SIGTERM, SIGKILL after ``--grace``)
+and resigns only once it is gone. The Elector's own watchdog would release the lease at
+once, while the child may still run. A ``--call`` callable has the Elector's watchdog:
+it calls ``lease.heartbeat()``.
 """
 
 from __future__ import annotations
@@ -14,17 +21,20 @@ import contextlib
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import IO, Any
 
 from django_leader import guard
 from django_leader.elector import Elector
-from django_leader.lease import Lease, clock
+from django_leader.lease import Lease, LossReason, clock
 
 logger = logging.getLogger("django_leader")
 
@@ -37,6 +47,62 @@ STABLE_RUN = 30.0
 #: Seconds runleader waits, once the guard is gone, for the SIGKILLed processes of the
 #: payload's group to be gone; past it, it exits without releasing the lease.
 KILL_WAIT = 5.0
+#: The environment variable naming the file a child touches to feed the watchdog.
+HEARTBEAT_ENV = "DJANGO_LEADER_HEARTBEAT_FILE"
+
+
+class Ended(Enum):
+    """How a child's run ended (:meth:`PayloadRunner._run_child`)."""
+
+    EXITED = "exited"  # on its own, the lease still held
+    LOST = "lost"  # the term ended (lost, stopped), or the child cannot be confirmed gone
+    WATCHDOG = "watchdog"  # stopped because it did not touch its heartbeat file in time
+
+
+class HeartbeatFile:
+    """The file a child touches to say it is alive (``runleader --watchdog``), in a private
+    directory of its own (mode 0700) that :meth:`close` removes.
+
+    A beat is any change of the file's status: a new modification time (``touch``, a
+    write), a new change time (``touch -d`` of the same date again), a new inode (the file
+    replaced). Each change is timed on runleader's own clock when it is seen: the times
+    in the file are compared, never read as times, so that neither the date the child
+    sets nor a step of the wall clock can make a stale file look fresh or a fresh one
+    stale.
+    """
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="django-leader-")
+        self.path = os.path.join(self.directory, "heartbeat")
+        self._seen: tuple[int, int, int] | None = None
+        self._beat = clock()
+
+    def reset(self) -> None:
+        """A child starts: it has the whole watchdog period from now."""
+        # Again if a cleaner of the temporary directory took it meanwhile.
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        with open(self.path, "ab"):
+            pass
+        self._seen = self._status()
+        self._beat = clock()
+
+    def idle(self) -> float:
+        """Seconds since the child last touched the file (or since :meth:`reset`)."""
+        status = self._status()
+        if status is not None and status != self._seen:
+            self._seen = status
+            self._beat = clock()
+        return clock() - self._beat
+
+    def _status(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:  # removed by the child: no beat until it is back
+            return None
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def guard_deadline(lease: Lease) -> str:
@@ -113,8 +179,10 @@ class PayloadRunner:
     """The work given to ``elector``: ``call(lease)``, or ``child`` under its guard.
 
     ``grace`` is the time a stopped payload gets before it is killed; ``on_exit`` (one of
-    :data:`ON_EXIT`) what happens when the child exits on its own. After the elector's
-    thread ends, :attr:`exit_code` is the status the command should exit with.
+    :data:`ON_EXIT`) what happens when the child exits on its own; ``watchdog`` (a child
+    only) the seconds the child may go without touching its heartbeat file (a callable's
+    watchdog is the Elector's). After the elector's thread ends, :attr:`exit_code` is the
+    status the command should exit with; :meth:`close` removes the heartbeat file.
     """
 
     def __init__(
@@ -125,11 +193,17 @@ class PayloadRunner:
         child: Sequence[str] = (),
         grace: float = 10.0,
         on_exit: str = "release",
+        watchdog: float | None = None,
     ) -> None:
         if (call is None) == (not child):
             raise ValueError("give exactly one payload: call or child")
         if on_exit not in ON_EXIT:
             raise ValueError(f"on_exit must be one of {ON_EXIT}, got {on_exit!r}")
+        if watchdog is not None and (call is not None or not 0 < watchdog < float("inf")):
+            raise ValueError(
+                f"watchdog is for a child, in seconds > 0, got {watchdog!r} "
+                "(a callable's watchdog is the Elector's)"
+            )
         self.elector = elector
         self.call = call
         self.call_name = getattr(call, "__qualname__", repr(call))
@@ -138,11 +212,20 @@ class PayloadRunner:
         self.on_exit = on_exit
         self.exit_code = 0
         self.keep_lease = False  # set for good once a payload could not be confirmed gone
+        #: Why the callable's current term ended, once it did (for the command's log).
+        self.lost_cause: LossReason | None = None
         self._stop_lock = threading.Lock()
         self._guard: subprocess.Popen[bytes] | None = None
         self._lost_at: float | None = None
         self._running = threading.Event()
         self._backoff = 0.0
+        self.watchdog = watchdog
+        self.heartbeat = HeartbeatFile() if watchdog is not None else None
+
+    def close(self) -> None:
+        """Remove the heartbeat file and its directory (after the elector's thread ended)."""
+        if self.heartbeat is not None:
+            self.heartbeat.close()
 
     def stop(self, release: bool = True) -> None:
         """Stop campaigning; ``release=False`` is for good. ``Elector.stop`` keeps the last
@@ -158,6 +241,7 @@ class PayloadRunner:
     # The work: runs in the Elector's work thread, once per election.
     def work(self, lease: Lease) -> None:
         self._lost_at = None
+        self.lost_cause = None
         self._running.set()
         try:
             if self.call is not None:
@@ -199,6 +283,7 @@ class PayloadRunner:
 
     def _watch_lost(self, lease: Lease) -> None:
         lease.lost.wait()
+        self.lost_cause = lease.lost_cause
         self._lost_at = clock()
 
     def overdue(self) -> float | None:
@@ -211,10 +296,23 @@ class PayloadRunner:
     def _supervise(self, lease: Lease) -> None:
         while True:
             started = clock()
-            status, lost = self._run_child(lease)
-            if lost:
+            status, ended = self._run_child(lease)
+            if ended is Ended.LOST:
                 return
             self._next_backoff(clock() - started)
+            if ended is Ended.WATCHDOG:
+                # Whatever --on-exit says (that is for a child that exits on its own): a
+                # stuck child costs this candidate its term. It waits at least two retry
+                # intervals, so that a polling follower gets to try first.
+                self._backoff = max(self._backoff, 2 * self.elector.timing.retry_interval)
+                logger.warning(
+                    "payload stopped by the watchdog (exit status %s); releasing the lease, "
+                    "campaigning again in %.1fs",
+                    status,
+                    self._backoff,
+                )
+                self.elector.resign(self._backoff)
+                return
             if self.on_exit == "restart":
                 logger.info(
                     "payload exited with %s; restarting it in %.1fs (--on-exit=restart)",
@@ -239,14 +337,19 @@ class PayloadRunner:
             self.elector.resign(self._backoff)
             return
 
-    def _run_child(self, lease: Lease) -> tuple[int, bool]:
-        """Start the child under a guard and wait for it; returns (status, lost)."""
+    def _run_child(self, lease: Lease) -> tuple[int, Ended]:
+        """Start the child under a guard and wait for it; returns its status and how it
+        ended."""
         env = {
             **os.environ,
             "DJANGO_LEADER_NAME": lease.name,
             "DJANGO_LEADER_TOKEN": str(lease.token),
             "DJANGO_LEADER_HOLDER": lease.holder,
         }
+        heartbeat = self.heartbeat
+        if heartbeat is not None:
+            heartbeat.reset()
+            env[HEARTBEAT_ENV] = heartbeat.path
         # The payload writes its pid (= its process group id) here before exec, so that
         # runleader can finish it off should the guard die under it.
         pid_read, pid_write = os.pipe()
@@ -282,10 +385,22 @@ class PayloadRunner:
             lease.token,
         )
         told = lease.deadline
-        asked_to_stop = False
+        asked_to_stop = stale = False
         while process.poll() is None:
             try:
-                if lease.lost.is_set() and not asked_to_stop:
+                if not asked_to_stop and heartbeat is not None and self.watchdog is not None:
+                    idle = heartbeat.idle()
+                    if idle >= self.watchdog:
+                        # Stopped as at the end of a term, and the lease is renewed
+                        # meanwhile: it is let go only once the child is gone.
+                        logger.warning(
+                            "payload did not touch %s for %.1fs (--watchdog %gs): stopping it",
+                            HEARTBEAT_ENV,
+                            idle,
+                            self.watchdog,
+                        )
+                        stale = True
+                if (stale or lease.lost.is_set()) and not asked_to_stop:
                     asked_to_stop = True
                     process.stdin.write(b"T\n")
                     process.stdin.flush()
@@ -318,11 +433,13 @@ class PayloadRunner:
             )
             self.exit_code = 1
             self.stop(release=False)
-            return status, True
+            return status, Ended.LOST
         logger.info("payload stopped: guard pid %s exited with %s", process.pid, status)
         # `held`, not `lost`: the guard may have killed the payload at the deadline before
         # the renewer thread noticed that it passed.
-        return status, not lease.held
+        if not lease.held:
+            return status, Ended.LOST
+        return status, Ended.WATCHDOG if stale else Ended.EXITED
 
     def kill(self) -> None:
         """Forced exit: close the guard's pipe; it stops the payload (SIGTERM, then SIGKILL

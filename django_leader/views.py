@@ -7,6 +7,9 @@ Include them with ``path("leader/", include("django_leader.urls"))``:
 * ``leader/health/<name>/here/`` — 200 if an :class:`~django_leader.Elector` of *this
   process* leads ``name`` (by its local deadline), else 503: a readiness probe that routes
   traffic only to the leader;
+* ``leader/live/`` — 200 unless the work of an Elector of this process was left running
+  past a grace period after its term ended (lost, or stopped by the watchdog), then 503:
+  a liveness probe, so that a process whose work is stuck gets restarted;
 * ``leader/metrics/`` — Prometheus metrics (needs ``django-leader[prometheus]``).
 """
 
@@ -67,6 +70,43 @@ def leads_here(request: HttpRequest, name: str) -> HttpResponse:
     lease = next((e.lease for e in running_electors(name) if e.lease is not None), None)
     return JsonResponse(
         _lease_json(name, lease, leads_here=lease is not None), status=200 if lease else 503
+    )
+
+
+@never_cache
+@require_GET
+def live(request: HttpRequest) -> HttpResponse:
+    """503 when some Elector of this process has work left running longer than the grace
+    period after its term ended (``Elector.stuck_for``), else 200. ``?grace=S`` (seconds);
+    by default each elector's ``ttl``. No store access (as client-go's HealthzAdaptor)."""
+    grace: float | None = None
+    if "grace" in request.GET:
+        raw = request.GET["grace"]
+        try:
+            grace = float(raw)
+        except ValueError:
+            grace = None
+        if grace is None or not 0 <= grace < float("inf"):
+            return JsonResponse(
+                {"error": f"grace must be a number of seconds >= 0, got {raw!r}"}, status=400
+            )
+    electors = running_electors()
+    stuck = []
+    for elector in electors:
+        stuck_for = elector.stuck_for
+        allowed = elector.timing.ttl if grace is None else grace
+        if stuck_for is not None and stuck_for > allowed:
+            stuck.append(
+                {
+                    "name": elector.name,
+                    "identity": elector.identity,
+                    "stuck_for": round(stuck_for, 3),
+                    "grace": allowed,
+                }
+            )
+    return JsonResponse(
+        {"live": not stuck, "electors": len(electors), "stuck": stuck},
+        status=503 if stuck else 200,
     )
 
 

@@ -43,3 +43,17 @@ def failing(lease: Lease) -> None:
 
 
 not_callable = 42
+
+
+def beats_then_hangs(lease: Lease) -> None:
+    """Calls ``lease.heartbeat()`` for a second, then hangs, deaf to ``lease.lost`` (for
+    ``--watchdog``). Notes "hang" just before its last heartbeat."""
+    _note(f"start {lease.token}")
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        lease.heartbeat()
+        time.sleep(0.05)  # one step of work
+    _note(f"hang {lease.token}")
+    lease.heartbeat()
+    while True:
+        time.sleep(0.1)  # deadlocked, for ever

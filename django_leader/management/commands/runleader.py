@@ -5,9 +5,12 @@
     runleader NAME --beat [beat options]      ``celery beat`` as the child process
 
 The payload starts only after the lease is held and is stopped when leadership ends; the
-lease is released only after the payload stopped. SIGTERM/SIGINT: stop the payload,
-release, exit 0; a second signal forces exit. Exit codes: 0 ok, 1 error (including a
-``--call`` callable that ignored ``lease.lost`` past ``--grace``), 2 usage.
+lease is released only after the payload stopped. ``--watchdog S``: a callable must call
+``lease.heartbeat()``, a child must touch the file named by ``DJANGO_LEADER_HEARTBEAT_FILE``,
+at least every S seconds; else it is stopped and the lease let go (not with ``--beat``).
+SIGTERM/SIGINT: stop the payload, release, exit 0; a second signal forces exit. Exit codes:
+0 ok, 1 error (including a ``--call`` callable that ignored ``lease.lost`` past ``--grace``),
+2 usage.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from django.utils.module_loading import import_string
 
 from django_leader.conf import resolve_timing, validate_identity, validate_name
 from django_leader.elector import Elector
-from django_leader.lease import Lease
+from django_leader.lease import Lease, LossReason
 from django_leader.payload import ON_EXIT, PayloadRunner
 
 logger = logging.getLogger("django_leader")
@@ -80,6 +83,14 @@ class Command(BaseCommand):
             "campaign again after a back-off (default), restart it, "
             "or exit with its status",
         )
+        parser.add_argument(
+            "--watchdog",
+            type=float,
+            metavar="S",
+            help="the payload must show it is alive every S seconds (--call: "
+            "lease.heartbeat(); a child: touch $DJANGO_LEADER_HEARTBEAT_FILE), else it "
+            "is stopped and the lease let go; not with --beat",
+        )
         parser.add_argument("command", nargs="*", help="after --: the child command")
 
     def run_from_argv(self, argv: list[str]) -> None:
@@ -116,6 +127,15 @@ class Command(BaseCommand):
             raise usage(f"command not found (or not executable): {child[0]}")
         if options["grace"] < 0:
             raise usage(f"--grace must be 0 or more, got {options['grace']}")
+        watchdog = options.get("watchdog")
+        if watchdog is not None:
+            if not 0 < watchdog < float("inf"):
+                raise usage(f"--watchdog must be a number of seconds > 0, got {watchdog}")
+            if options["beat"]:
+                raise usage(
+                    "--watchdog cannot be used with --beat: celery beat does not touch "
+                    "DJANGO_LEADER_HEARTBEAT_FILE"
+                )
         call: Callable[[Lease], Any] | None = None
         if options["call"]:
             try:
@@ -134,6 +154,9 @@ class Command(BaseCommand):
             renew_interval=timing.renew_interval,
             retry_interval=timing.retry_interval,
             identity=identity,
+            # A callable beats itself; a child's heartbeat file is watched by the runner,
+            # which lets the lease go only once the child is gone.
+            watchdog=watchdog if call is not None else None,
         )
         runner = PayloadRunner(
             elector,
@@ -141,8 +164,12 @@ class Command(BaseCommand):
             child=child,
             grace=float(options["grace"]),
             on_exit=options["on_exit"],
+            watchdog=watchdog if call is None else None,
         )
-        code = run(elector, runner)
+        try:
+            code = run(elector, runner)
+        finally:
+            runner.close()
         if code:
             sys.exit(code)
 
@@ -175,6 +202,7 @@ def run(elector: Elector, runner: PayloadRunner) -> int:
             if signals_seen >= 2:
                 logger.error("second signal: forcing exit without waiting for the payload")
                 runner.kill()
+                runner.close()
                 os._exit(1)
             if signals_seen == 1 and not stopping:
                 stopping = True
@@ -183,6 +211,15 @@ def run(elector: Elector, runner: PayloadRunner) -> int:
                 )
                 runner.stop()
             overdue = runner.overdue()
+            if overdue is not None and runner.lost_cause is LossReason.WATCHDOG:
+                logger.error(
+                    "--call %s stopped calling lease.heartbeat() and ignored lease.lost for "
+                    "%.1fs (grace %.1fs): exiting; the watchdog let the lease go already",
+                    runner.call_name,
+                    overdue,
+                    runner.grace,
+                )
+                return 1
             if overdue is not None:
                 logger.error(
                     "--call %s ignored lease.lost for %.1fs (grace %.1fs): exiting without "

@@ -1,0 +1,180 @@
+"""The Elector's watchdog (``Elector(watchdog=S)``, ``lease.heartbeat()``) against real
+stores, ``Elector.stuck_for``, and the liveness view that reads it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client, RequestFactory
+
+from django_leader import Elector, Lease
+from django_leader.lease import LossReason, clock
+from django_leader.testing import MemoryBackend, leader_backend
+from tests.support.stores import history, stores_db
+from tests.support.waiting import wait_until
+
+__all__ = ["leader_backend"]  # the fixture, imported for use below
+
+TTL, RENEW, RETRY = 1.5, 0.3, 0.1
+FAST: dict[str, Any] = {"ttl": TTL, "renew_interval": RENEW, "retry_interval": RETRY}
+WATCHDOG = 0.8
+WAIT = 10.0
+
+
+@pytest.fixture
+def electors() -> Iterator[list[Elector]]:
+    started: list[Elector] = []
+    yield started
+    for elector in started:
+        elector.stop(timeout=WAIT)
+
+
+class Hangs:
+    """A work that calls ``lease.heartbeat()`` every 50 ms until :meth:`hang`, then
+    deadlocks (deaf to ``lease.lost``) until :meth:`resume`."""
+
+    def __init__(self) -> None:
+        self.hung = threading.Event()
+        self.resumed = threading.Event()
+        self.last_beat = 0.0  # clock() just before the last heartbeat() call
+        self.beats = 0
+
+    def __call__(self, lease: Lease) -> None:
+        while not self.hung.is_set():
+            self.last_beat = clock()
+            lease.heartbeat()
+            self.beats += 1
+            self.hung.wait(0.05)
+        self.resumed.wait()
+
+    def hang(self) -> None:
+        self.hung.set()
+
+    def resume(self) -> None:
+        self.resumed.set()
+
+
+def live(grace: float | str | None = None) -> tuple[int, dict[str, Any]]:
+    """The liveness view's status and body, through the URLconf."""
+    url = "/leader/live/" if grace is None else f"/leader/live/?grace={grace}"
+    response = Client().get(url)
+    return response.status_code, response.json()
+
+
+def live_view(grace: float) -> tuple[int, dict[str, Any]]:
+    """The same, called directly: a test on the stores (``stores_db``) runs with only this
+    project's apps, and a request through the middleware needs django.contrib.auth."""
+    from django_leader import views
+
+    response = views.live(RequestFactory().get("/leader/live/", {"grace": grace}))
+    return response.status_code, json.loads(response.content)
+
+
+@stores_db
+def test_work_that_stops_beating_loses_the_lease_and_another_leads(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    work = Hangs()
+    first = Elector(lease_name, identity="stuck", backend=backend, watchdog=WATCHDOG, **FAST)
+    electors.append(first)
+    first.start(work)
+    try:
+        assert first.wait_for_leadership(WAIT)
+        lease = first.lease
+        assert lease is not None
+        second = Elector(lease_name, identity="second", backend=backend, **FAST)
+        electors.append(second)
+        second.start()
+        wait_until(lambda: work.beats >= 3, timeout=WAIT, message="the work does not beat")
+        assert first.stuck_for is None
+
+        work.hang()
+        assert lease.lost.wait(WAIT)
+        lost_after = clock() - work.last_beat
+        assert lease.lost_cause is LossReason.WATCHDOG, lease.lost_reason
+        # The acceptance bound: the lease is given up within watchdog + RENEW_INTERVAL.
+        assert lost_after <= WATCHDOG + RENEW, lost_after
+        assert second.wait_for_leadership(WAIT)
+        print(f"led by another {clock() - work.last_beat:.3f}s after the last heartbeat")
+        assert second.lease is not None and second.lease.token > lease.token
+
+        # The work is still running: the liveness view says so once past the grace.
+        stuck_for = first.stuck_for
+        assert stuck_for is not None and stuck_for >= 0
+        status, body = live_view(grace=0)
+        assert status == 503, body
+        assert {"name": lease_name, "identity": "stuck"}.items() <= body["stuck"][0].items()
+    finally:
+        work.resume()
+    wait_until(lambda: first.stuck_for is None, timeout=WAIT, message="the work never returned")
+    status, body = live_view(grace=0)
+    assert status == 200 and body["stuck"] == [], body
+    assert second.is_leader  # the first campaigns again, as a follower
+    events = [event[:2] for event in history(backend, lease_name)]
+    assert events[:3] == [("acquired", "stuck"), ("released", "stuck"), ("acquired", "second")]
+
+
+@stores_db
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # any store will do
+def test_work_that_keeps_beating_keeps_the_lease(
+    backend: Any, lease_name: str, electors: list[Elector]
+) -> None:
+    work = Hangs()
+    first = Elector(lease_name, identity="beating", backend=backend, watchdog=0.3, **FAST)
+    electors.append(first)
+    first.start(work)
+    try:
+        assert first.wait_for_leadership(WAIT)
+        lease = first.lease
+        assert lease is not None
+        second = Elector(lease_name, identity="second", backend=backend, **FAST)
+        electors.append(second)
+        second.start()
+        # Four watchdog periods of beating: the watchdog must not fire meanwhile.
+        time.sleep(1.2)
+        assert work.beats >= 8
+        assert first.is_leader and first.lease is lease and not lease.lost.is_set()
+        assert first.stuck_for is None
+        assert not second.is_leader
+        assert backend.read(lease_name).holder == "beating"
+    finally:
+        work.hang()
+        work.resume()
+
+
+def test_live_view_waits_for_the_grace_period(
+    leader_backend: MemoryBackend, electors: list[Elector]
+) -> None:
+    """Without ``?grace=``, the grace period is each elector's ttl; a bad one is a 400."""
+    work = Hangs()
+    elector = Elector("live-view", identity="stuck", watchdog=0.2, **FAST)
+    electors.append(elector)
+    elector.start(work)
+    try:
+        assert elector.wait_for_leadership(WAIT)
+        work.hang()
+        stuck_for = wait_until(
+            lambda: elector.stuck_for, timeout=WAIT, message="the watchdog did not fire"
+        )
+        if stuck_for < TTL:  # the call below raced the grace period: tell it
+            status, body = live()
+            assert status == 200 and body["live"] is True and body["electors"] >= 1, body
+        wait_until(
+            lambda: (elector.stuck_for or 0) > TTL, timeout=WAIT, message="not stuck past ttl"
+        )
+        status, body = live()
+        assert status == 503 and body["live"] is False, body
+        assert body["stuck"][0]["grace"] == TTL and body["stuck"][0]["stuck_for"] > TTL
+        assert live(grace=60)[0] == 200
+        for bad in ("x", "-1", "nan", "inf"):
+            status, body = live(grace=bad)
+            assert status == 400 and "grace must be" in body["error"], body
+    finally:
+        work.resume()
+    wait_until(lambda: elector.stuck_for is None, timeout=WAIT, message="the work never returned")
+    assert live()[0] == 200
