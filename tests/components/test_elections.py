@@ -374,7 +374,7 @@ def test_a_candidate_that_stops_heart_beating_is_reported_expired(
     leader = start(electors, Elector(lease_name, identity="lead", backend=memory, **FAST))
     assert leader.wait_for_leadership(WAIT)
     wait_until(lambda: leader._members_read, timeout=WAIT, message="the leader never read")
-    memory.announce(lease_name, Candidate.here("crashed"), 1.0)  # then never again
+    memory.announce(lease_name, Candidate.here("crashed"), 1.5)  # then never again
     wait_until(
         lambda: membership.kinds("crashed") == ["joined"],
         timeout=WAIT,
@@ -411,7 +411,7 @@ def test_observe_yields_the_holder_then_each_change_and_ends_on_close(
     if seen is None:
         seen = next(watching)
     assert seen is not None and (seen.holder, seen.token) == ("second", token + 1)
-    assert second.is_leader
+    assert second.wait_for_leadership(WAIT)
     assert observer_threads(lease_name)
 
     watches = len(memory._watches[(lease_name, None)])  # the observer's and second's
@@ -606,9 +606,17 @@ def test_a_fifo_follower_keeps_its_place_while_it_waits(
     before (``max(ttl, 3 * retry_interval)``) lives. It wakes as its entry expires: with a
     registry read slower than its announcement was, the entry is gone, and it joins again
     at the tail (a new seq, and ``candidate_left`` for itself). With equal latencies it is a
-    coin toss at every sleep."""
+    coin toss at every sleep; the 50 ms reads here make it happen at the first."""
     store = SlowRegistry()
     timing: dict[str, Any] = {"ttl": 0.6, "renew_interval": 0.2, "retry_interval": 0.1}
+    # The rule itself: a waiting candidate wakes to renew its candidacy (which lasts
+    # max(ttl, 3 * retry_interval), see Elector._announce) with a store call's time to spare.
+    third = Elector(lease_name, identity="x", backend=store, mode="fifo", **timing)
+    third._watch, third._place = FakeWatch(live=True), 2
+    third._last_seen, third._seen_sent = seen_lease(60.0), clock()
+    candidacy = max(third.timing.ttl, 3 * third.timing.retry_interval)
+    assert third._poll_interval() + third.timing.call_timeout <= candidacy
+    # And what it does.
     store.acquire(lease_name, "holder", 60)  # held elsewhere, for longer than we look
     for identity in ("b", "c", "d"):
         start(
