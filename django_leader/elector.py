@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import hooks, signals
@@ -43,6 +44,10 @@ Callback = Callable[[Lease], Any]
 
 #: How often a leader waiting for its work to return after losing the lease says so.
 WORK_WAIT_WARNING = 10.0
+
+#: Seconds by which a vanished candidate's heartbeat may still have been running (by this
+#: process's estimate of the store's clock) and be reported as expired rather than left.
+EXPIRY_SLACK = 0.5
 
 #: Seconds a follower waits before announcing itself again after an announcement failed.
 ANNOUNCE_BACKOFF = 60.0
@@ -147,7 +152,7 @@ class Elector:
         self._members_read = 0.0
         self._reading: Future[list[Candidate] | None] | None = None
         self._handover_to = ""  # the candidate this leader is to hand over to
-        self._lost_at: float | None = None  # clock() when a term's work was left running
+        self._lost_at: float | None = None  # clock() when a term ended with its work running
 
     def __repr__(self) -> str:
         return f"<Elector {self.name!r} as {self.identity!r} ({self.mode})>"
@@ -315,6 +320,7 @@ class Elector:
                     continue
                 self._leave_queue(caller)
                 self._lead(lease, work, caller)
+                self._leave_queue(caller)
                 self._announce_due = 0.0  # a follower again: join the tail of the queue
                 backoff, self._resign_backoff = self._resign_backoff, None
                 if not self._stop.is_set():
@@ -380,8 +386,6 @@ class Elector:
         """fifo/priority: whether this candidate is first in the queue (or the registry is
         unknown: then every candidate races). When it is not, read who leads instead (for
         ``on_new_leader`` and to know when that lease would run out)."""
-        if self._announce_failed:
-            return True  # not in the registry: a queue it cannot join must not lock it out
         members = self._read_members(caller)
         if members is None:
             return True
@@ -397,9 +401,13 @@ class Elector:
             logger.debug("reading %r failed: %s", self.name, exc)
             return False
         self._seen = current
-        if current is not None:
-            self._observe(current)
-        return False
+        if current is None:
+            return False
+        self._observe(current)
+        # The holder may still be listed (its withdrawal failed): it is not waiting.
+        holder = current.holder
+        self._place = place(self.identity, [m for m in members if m.identity != holder], self.mode)
+        return may_try(self.identity, members, self.mode, holder=holder)
 
     def _read_members(self, caller: StoreCaller) -> list[Candidate] | None:
         """The registry, read now (None if unknown), with the membership signals."""
@@ -424,17 +432,32 @@ class Elector:
         for identity, candidate in self._members.items():
             if identity not in known:
                 signals.send(signals.candidate_joined, self, name=self.name, candidate=candidate)
+        store_now = self._store_now()
         for identity, candidate in known.items():
             if identity in self._members:
                 continue
-            expired = False
-            if candidate.expires_at is not None and candidate.seen_at is not None:
-                # Its heartbeat would have run out by now (store time elapsed since the
-                # read that last saw it, measured here).
-                lifetime = (candidate.expires_at - candidate.seen_at).total_seconds()
-                expired = now - read_before >= lifetime * 0.9
+            # Gone with its heartbeat run out (by the store's clock, as estimated here):
+            # expired; gone before that: it withdrew.
+            expired = (
+                store_now is not None
+                and candidate.expires_at is not None
+                and candidate.expires_at <= store_now + timedelta(seconds=EXPIRY_SLACK)
+            )
             signal = signals.candidate_expired if expired else signals.candidate_left
             signals.send(signal, self, name=self.name, candidate=candidate)
+
+    def _store_now(self) -> datetime | None:
+        """The store's clock now, estimated from the last store time this elector heard
+        with the local time it was asked at: its own lease's renewal while leading, else
+        the holder's lease its last attempt read. None if it has heard none."""
+        lease = self._lease
+        if lease is not None and lease.renewed_at is not None and lease.deadline is not None:
+            asked = lease.deadline - self.timing.ttl + self.timing.safety_margin
+            return lease.renewed_at + timedelta(seconds=clock() - asked)
+        seen = self._seen
+        if seen is not None and seen.read_at is not None:
+            return seen.read_at + timedelta(seconds=clock() - self._seen_sent)
+        return None
 
     def _open_watch(self) -> None:
         try:
@@ -446,10 +469,19 @@ class Elector:
             self._watch = None
 
     def _poll_interval(self) -> float:
-        """How long a waiting candidate sleeps unless woken: ``retry_interval`` without
+        """How long a waiting candidate sleeps unless woken (never past its next heartbeat,
+        in a queue): ``retry_interval`` without
         live wake-ups (and for the first two of a fifo/priority queue, so that a dead head
         is skipped promptly); with them, until the lease it last saw would run out (a
         crashed holder's), at most ``max(ttl, retry_interval)``."""
+        interval = self._until_wake()
+        if self.mode is Mode.RACE:
+            return interval
+        # A queued candidate wakes for its heartbeat: sleeping past it would drop it from
+        # the queue (it would join again at the tail).
+        return max(0.0, min(interval, self._announce_due - clock()))
+
+    def _until_wake(self) -> float:
         retry = self.timing.retry_interval
         watch = self._watch
         if watch is None or not watch.live:
@@ -466,11 +498,10 @@ class Elector:
         return min(cap, max(0.005, until)) if until > -0.5 else retry
 
     def _leave_queue(self, caller: StoreCaller) -> None:
-        """Elected: leave the registry (in the background), so that after this term the
-        next announcement joins the tail of the queue."""
+        """Leave the registry (in the background, on the store thread: before any later
+        announcement): when elected, and again when the term ends (should the first have
+        failed), so that the next announcement joins the tail of the queue."""
         self._place = None
-        if self.mode is Mode.RACE:
-            return
         with suppress(RuntimeError):
             caller.submit(
                 self._quietly,
@@ -508,15 +539,15 @@ class Elector:
 
         It shares the store thread with the campaign: at most one announcement is in
         flight, and after a failure (the store down, the candidates table not migrated)
-        the next one waits :data:`ANNOUNCE_BACKOFF`, so that it never delays a takeover.
+        the next one waits :data:`ANNOUNCE_BACKOFF` in race mode (a fifo/priority candidate
+        tries again at its next heartbeat), so that it never delays a takeover.
         """
         now = clock()
         if now < self._announce_due or (
             self._announcing is not None and not self._announcing.done()
         ):
             return
-        # A candidacy outlives a few missed attempts, so a follower never seems to flap.
-        ttl = max(self.timing.ttl, 3 * self.timing.retry_interval)
+        ttl = self._candidacy_ttl()
         self._announce_due = now + ttl / 3
         try:
             future = caller.submit(
@@ -531,12 +562,21 @@ class Elector:
         self._announcing = future
         future.add_done_callback(self._announce_done)
 
+    def _candidacy_ttl(self) -> float:
+        """How long a heartbeat keeps this candidate in the registry: a few missed attempts
+        long, so a follower never seems to flap. It beats every third of that."""
+        return max(self.timing.ttl, 3 * self.timing.retry_interval)
+
     def _announce_done(self, future: Future[None]) -> None:
         exc = future.exception()
         if exc is None:
             self._announce_failed = False
             return
-        self._announce_due = clock() + ANNOUNCE_BACKOFF
+        # A race only lists its candidates: a failing registry (not migrated) waits long.
+        # A queue needs its place: the next heartbeat tries again (and meanwhile this
+        # candidate is not queued, so it waits its turn behind those that are).
+        backoff = ANNOUNCE_BACKOFF if self.mode is Mode.RACE else self._candidacy_ttl() / 3
+        self._announce_due = clock() + backoff
         log = logger.debug if self._announce_failed else logger.warning
         self._announce_failed = True
         log(
@@ -544,7 +584,7 @@ class Elector:
             "retrying in %.0fs): %s",
             self.identity,
             self.name,
-            ANNOUNCE_BACKOFF,
+            backoff,
             exc,
         )
 
@@ -639,7 +679,9 @@ class Elector:
         release = not (self._stop.is_set() and not self._release_on_stop)
         if stuck:
             # The work does not answer: hand the lease on now rather than hold it for a
-            # process that cannot lead; the liveness view reports the work left running.
+            # process that cannot lead. This elector campaigns again once the work returns;
+            # until then the liveness view reports it (stuck_for), so that a probe can
+            # restart the process — a second work beside a stuck one would not help.
             self._lost_at = clock()
             if term.end(release=release):
                 self._wake_next(caller, to)
@@ -769,8 +811,9 @@ class Elector:
                 work(lease)
         except BaseException as exc:  # reported, then leadership is handed on
             logger.exception("work for %r raised", self.name, extra=log_extra(lease))
-            self._work_error = exc
-            self._wake.set()
+            if self._lease is lease:  # not a work the watchdog left behind
+                self._work_error = exc
+                self._wake.set()
 
     def _callback(self, callback: Callback, lease: Lease) -> None:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from .backends.base import Backend
 from .conf import resolve_timing, validate_name
@@ -20,7 +20,7 @@ def observe(
     *,
     backend: Backend | str | None = None,
     interval: float | None = None,
-) -> Iterator[Lease | None]:
+) -> Generator[Lease | None, None, None]:
     """Yield who holds ``name`` now (a snapshot :class:`~django_leader.Lease`, or None if
     nobody does), then each change: a new holder or token, or the lease becoming free.
 

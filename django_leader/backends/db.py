@@ -370,10 +370,14 @@ class DatabaseBackend(Backend):
             "name, identity",
             ["priority", "host", "pid", "version", "seen_at", "expires_at"],
         )
-        with self._cursor(atomic=True) as cursor:
-            # Candidates that stopped without a word (crashed) go once expired; this one
-            # too, if its heartbeat lapsed: it joins again at the tail (a new id).
-            cursor.execute(f"DELETE FROM {table} WHERE name = %s AND expires_at <= {now}", [name])
+        # Three statements, each committed on its own: one transaction holding the locks
+        # of the name's rows deadlocks against concurrent announcements on MySQL/MariaDB.
+        with self._cursor(atomic=False) as cursor:
+            # Its own row, if its heartbeat lapsed: it joins again at the tail (a new id).
+            cursor.execute(
+                f"DELETE FROM {table} WHERE name = %s AND identity = %s AND expires_at <= {now}",
+                [name, candidate.identity],
+            )
             cursor.execute(
                 upsert,
                 [
@@ -386,6 +390,15 @@ class DatabaseBackend(Backend):
                     d.ttl_param(ttl),
                 ],
             )
+        # Candidates that stopped without a word (crashed) go once expired: housekeeping
+        # only (candidates() never lists them), so a failure here changes nothing.
+        try:
+            with self._cursor(atomic=False) as cursor:
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE name = %s AND expires_at <= {now}", [name]
+                )
+        except BackendUnavailable as exc:
+            logger.debug("dropping the expired candidates of %r failed: %s", name, exc)
 
     def withdraw(self, name: str, identity: str) -> None:
         with self._cursor(atomic=False) as cursor:
@@ -433,7 +446,11 @@ class DatabaseBackend(Backend):
         hub = self._wake_hub()
         if hub is None:
             return None
-        return hub.watch([channel(self._channel_prefix, name, identity)], callback)
+        # One candidate's channel: no wake-up after a reconnection (it polls; a wake-up
+        # would let it jump the queue).
+        return hub.watch(
+            [channel(self._channel_prefix, name, identity)], callback, resync=identity is None
+        )
 
     def wake(self, name: str, identity: str | None = None) -> None:
         if self.vendor != "postgresql":

@@ -426,7 +426,11 @@ class RedisBackend(Backend):
             from .redis_listen import RedisListener
 
             hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
-        return hub.watch([channel(self._channel_prefix, name, identity)], callback)
+        # One candidate's channel: no wake-up after a reconnection (it polls; a wake-up
+        # would let it jump the queue).
+        return hub.watch(
+            [channel(self._channel_prefix, name, identity)], callback, resync=identity is None
+        )
 
     def wake(self, name: str, identity: str | None = None) -> None:
         import redis

@@ -4,8 +4,14 @@ thread-safe."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
+
+#: Seconds of silence after which the connection is checked with a PING, and then the
+#: longest a PONG may take before the connection counts as dead (a half-open TCP connection
+#: would otherwise look live while wake-ups are lost).
+KEEPALIVE = 5.0
 
 
 class RedisListener:
@@ -15,10 +21,13 @@ class RedisListener:
     def __init__(self, client: Any) -> None:
         self.client = client
         self._pubsub: Any = None
+        self._heard = 0.0  # time.monotonic() of the last message or PONG
+        self._pinged: float | None = None  # when the unanswered PING was sent
 
     def connect(self) -> None:
         self.close()
         self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self._heard, self._pinged = time.monotonic(), None
 
     def subscribe(self, names: Iterable[str]) -> None:
         self._pubsub.subscribe(*names)
@@ -33,10 +42,17 @@ class RedisListener:
         got = []
         message = pubsub.get_message(timeout=timeout)
         while message is not None:
+            self._heard, self._pinged = time.monotonic(), None
             if message.get("type") == "message":
                 name = message["channel"]
                 got.append(name.decode() if isinstance(name, bytes) else str(name))
             message = pubsub.get_message(timeout=0)
+        now = time.monotonic()
+        if self._pinged is not None and now - self._pinged > KEEPALIVE:
+            raise ConnectionError(f"no PONG within {KEEPALIVE:g}s: the connection is dead")
+        if self._pinged is None and now - self._heard > KEEPALIVE:
+            pubsub.ping()
+            self._pinged = now
         return got
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from typing import Protocol
@@ -59,10 +60,13 @@ class Transport(Protocol):
 
 
 class _Watch:
-    def __init__(self, hub: WakeHub, names: list[str], callback: Callable[[], None]) -> None:
+    def __init__(
+        self, hub: WakeHub, names: list[str], callback: Callable[[], None], resync: bool
+    ) -> None:
         self.hub = hub
         self.names = names
         self.callback = callback
+        self.resync = resync
         self.closed = False
 
     @property
@@ -95,8 +99,12 @@ class WakeHub:
         """False in a forked child: the connection and the thread were the parent's."""
         return self.pid == os.getpid()
 
-    def watch(self, names: list[str], callback: Callable[[], None]) -> _Watch:
-        watch = _Watch(self, names, callback)
+    def watch(
+        self, names: list[str], callback: Callable[[], None], *, resync: bool = True
+    ) -> _Watch:
+        """Call ``callback`` when a message comes on one of ``names``, and (``resync``)
+        once after each reconnection, a message having perhaps been missed meanwhile."""
+        watch = _Watch(self, names, callback, resync)
         with self._lock:
             for name in names:
                 self._watches.setdefault(name, set()).add(watch)
@@ -144,8 +152,9 @@ class WakeHub:
                     if reconnected:
                         self.live = True
                         backoff = MIN_BACKOFF
-                        # Whatever was sent while we were away is lost: everyone looks.
-                        self._dispatch(wanted)
+                        # Whatever was sent while we were away is lost: everyone looks
+                        # (but a queue's candidates, which poll anyway: no queue-jumping).
+                        self._dispatch(wanted, reconnected=True)
                     self._changed.clear()
                     got = self.transport.wait(POLL)
                 except Exception as exc:
@@ -161,7 +170,9 @@ class WakeHub:
                         self._subscribed = set()
                     with suppress(Exception):
                         self.transport.close()
-                    self._changed.wait(backoff)
+                    # Not _changed: a new watch must not cut the back-off short (a store
+                    # that is down would be hammered).
+                    time.sleep(backoff)
                     backoff = min(MAX_BACKOFF, backoff * 2)
                     continue
                 if got:
@@ -188,17 +199,17 @@ class WakeHub:
         if gone:
             self.transport.unsubscribe(sorted(gone))
         if new or gone:
+            # A new watch is not woken: until it is subscribed it is not live, and its
+            # owner polls every RETRY_INTERVAL meanwhile (a wake-up now would let one
+            # candidate of a queue jump it).
             with self._lock:
                 self._subscribed = (subscribed | new) - gone
-            if new and subscribed:
-                # Watches that joined now may have missed a wake-up sent before: they look.
-                self._dispatch(new)
 
-    def _dispatch(self, names: set[str]) -> None:
+    def _dispatch(self, names: set[str], reconnected: bool = False) -> None:
         with self._lock:
             watches = {w for name in names for w in self._watches.get(name, ())}
         for watch in watches:
-            if watch.closed:
+            if watch.closed or (reconnected and not watch.resync):
                 continue
             try:
                 watch.callback()

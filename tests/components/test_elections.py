@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -360,7 +360,6 @@ def test_membership_signals_joined_and_left(
     assert membership.kinds("lead") == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a leader reports an expired candidate as left")
 def test_a_candidate_that_stops_heart_beating_is_reported_expired(
     memory: MemoryBackend, lease_name: str, electors: list[Elector], membership: Recorder
 ) -> None:
@@ -394,10 +393,7 @@ def observer_threads(name: str) -> list[threading.Thread]:
 def test_observe_yields_the_holder_then_each_change_and_ends_on_close(
     memory: MemoryBackend, lease_name: str, electors: list[Elector]
 ) -> None:
-    # observe() is annotated as an Iterator; it is a generator (close() is documented).
-    watching = cast(
-        "Generator[Lease | None, None, None]", observe(lease_name, backend=memory, interval=0.05)
-    )
+    watching = observe(lease_name, backend=memory, interval=0.05)
     assert next(watching) is None  # nobody leads yet
     first = start(electors, Elector(lease_name, identity="first", backend=memory, **FAST))
     seen = next(watching)
@@ -492,8 +488,9 @@ def test_a_follower_polls_every_retry_interval_without_live_wake_ups(
 ) -> None:
     elector = Elector("n", backend=memory, mode=mode, ttl=6, renew_interval=1, retry_interval=0.5)
     elector._place = 5
-    elector._last_seen = seen_lease(4.0)
+    elector._seen = seen_lease(4.0)
     elector._seen_sent = clock()
+    elector._announce_due = clock() + 60  # its next heartbeat is not due
     for watch in (None, FakeWatch(live=False)):
         elector._watch = watch
         assert elector._poll_interval() == 0.5
@@ -508,14 +505,17 @@ def test_with_live_wake_ups_a_follower_sleeps_until_the_lease_it_saw_runs_out(
         )
         elector._watch = FakeWatch(live=True)
         elector._place = place
-        elector._last_seen = seen_lease(expires_in) if seen else None
+        elector._seen = seen_lease(expires_in) if seen else None
         elector._seen_sent = clock()
+        elector._announce_due = clock() + 60  # its next heartbeat is not due
         return elector._poll_interval()
 
     # race: until the lease seen runs out (a crashed holder's), at most max(ttl, retry)...
     assert 3.9 < interval(Mode.RACE, None, 4.0, seen=True) <= 4.005
     assert interval(Mode.RACE, None, 60.0, seen=True) == 6
-    assert interval(Mode.RACE, None, -1.0, seen=True) == 0.005
+    assert interval(Mode.RACE, None, 0.0, seen=True) == 0.005
+    # A lease seen past its expiry already (it cannot be: a guard against spinning).
+    assert interval(Mode.RACE, None, -1.0, seen=True) == 0.5
     # ...and every retry_interval when it saw the lease free (yet could not take it), or
     # with no expiry to go by.
     assert interval(Mode.RACE, None, None, seen=False) == 0.5
@@ -530,7 +530,7 @@ def test_with_live_wake_ups_a_follower_sleeps_until_the_lease_it_saw_runs_out(
         assert interval(mode, 2, None, seen=False) == 6
 
 
-# -- bugs found in review (strict xfail: each turns into a failure once fixed) --------------------
+# -- bugs found in review: each of these failed on the first version of the elections ---------
 class FlakyWithdraw(MemoryBackend):
     """A store that fails one ``withdraw`` of the identities in ``fail_withdraw`` (a blip of
     the store at that moment: the elector shrugs it off, best effort)."""
@@ -546,7 +546,6 @@ class FlakyWithdraw(MemoryBackend):
         super().withdraw(name, identity)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a stale registry entry of the holder heads the queue")
 def test_fifo_hand_over_when_the_holder_could_not_leave_the_queue(
     lease_name: str, electors: list[Elector]
 ) -> None:
@@ -594,7 +593,6 @@ class SlowRegistry(MemoryBackend):
         return super().candidates(name)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fifo followers past the second sleep out their place")
 def test_a_fifo_follower_keeps_its_place_while_it_waits(
     lease_name: str, electors: list[Elector]
 ) -> None:
@@ -631,7 +629,6 @@ def test_a_fifo_follower_keeps_its_place_while_it_waits(
         assert now == seqs, f"the queue changed from {seqs} to {now}"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a race-mode leader stays in the registry")
 def test_a_race_leader_is_not_listed_as_a_candidate(
     memory: MemoryBackend, lease_name: str, electors: list[Elector]
 ) -> None:

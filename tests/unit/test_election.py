@@ -14,7 +14,7 @@ import pytest
 
 from django_leader import __version__, election
 from django_leader.backends import wakeups
-from django_leader.backends.wakeups import WakeHub, channel, channels
+from django_leader.backends.wakeups import WakeHub, channel
 from django_leader.election import (
     Candidate,
     Mode,
@@ -194,8 +194,8 @@ def test_channels_are_short_identifiers_apart_per_prefix_name_and_identity() -> 
     assert len(set(names)) == len(names)
     for name in names:
         assert len(name.encode()) <= 63 and name.isidentifier() and name.islower()
-    assert channel("p", "n", None) == channel("p", "n", "") == channels("p", "n", None)[0]
-    assert channels("p", "n", "me") == [channel("p", "n"), channel("p", "n", "me")]
+    assert channel("p", "n", None) == channel("p", "n", "")
+    assert channel("p", "n", "me") != channel("p", "n")
 
 
 # -- the hub over an in-memory transport ---------------------------------------------------------
@@ -416,7 +416,6 @@ def test_a_lost_connection_is_not_live_and_every_watch_looks_once_back(
     until(lambda: calls.counts == {"b": 1}, lambda: calls.counts)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: WakeHub reconnects in a busy loop (see docstring)")
 def test_reconnecting_backs_off(hub: tuple[WakeHub, FakeTransport]) -> None:
     """A store that refuses connections is not hammered: the attempts are MIN_BACKOFF
     (0.02 s here) apart, doubling up to MAX_BACKOFF (0.2 s) — about five in half a second.
