@@ -20,8 +20,10 @@ The parent passes in the environment:
     touches a database that is not this run's test database.
 
 Every event is one JSON object per stdout line: ``{"ev": kind, "t": time.time(),
-"mono": time.monotonic(), "pid": ..., ...}``. Wall-clock stamps are comparable between
-processes of this machine, and with the server times of a local database.
+"mono": time.monotonic(), "clock": ..., "pid": ..., ...}``. Wall-clock stamps are comparable
+between processes of this machine, and with the server times of a local database; ``clock``
+is :func:`clock`, the lease clock (``CLOCK_BOOTTIME`` on Linux, one clock for every process
+of the machine, which no one sets), comparable between processes too and never stepped.
 """
 
 from __future__ import annotations
@@ -101,9 +103,23 @@ def make_backend() -> Backend:
     return DatabaseBackend(alias)
 
 
+def clock() -> float:
+    """``django_leader.lease.clock()`` (importable before Django is set up)."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
+
+
 def emit(ev: str, **fields: Any) -> None:
     """Report one event to the parent."""
-    record = {"ev": ev, "t": time.time(), "mono": time.monotonic(), "pid": os.getpid(), **fields}
+    record = {
+        "ev": ev,
+        "t": time.time(),
+        "mono": time.monotonic(),
+        "clock": clock(),
+        "pid": os.getpid(),
+        **fields,
+    }
     line = json.dumps(record, default=str)
     with _out:
         sys.stdout.write(line + "\n")
