@@ -2,17 +2,35 @@
 
 Environment (besides :mod:`.common`'s, which pick the store: a database or Redis):
 ``DL_MP_IDENTITY``, ``DL_MP_LEASE`` (the lease name), ``DL_MP_TTL``, ``DL_MP_RENEW``,
-``DL_MP_RETRY``.
+``DL_MP_RETRY``; optional:
 
-Events: ``ready``; ``elected``, ``lost``, ``new_leader`` (from the callbacks);
+``DL_MP_MODE``, ``DL_MP_PRIORITY``, ``DL_MP_WATCHDOG``
+    the Elector's ``mode`` (default: the settings'), ``priority`` and ``watchdog``; with a
+    watchdog the work calls ``lease.heartbeat()`` every 10 ms, until ``hang``;
+``DL_MP_DEFER=1``
+    load, report ``ready``, and campaign only on the command ``start`` (so that processes
+    started together join the queue in the order the parent says);
+``DL_MP_TRACE``
+    backend methods (comma-separated: ``acquire``, ``read``, ``candidates``, ``woken``, ...)
+    whose every call is reported as ``call`` (``method``, ``who``, ``at``: its ``clock``)
+    when it is made, and as ``returned`` when it returns.
+
+Events: ``ready``; ``started`` (campaigning); ``elected``, ``lost``, ``new_leader`` (from
+the callbacks);
 ``deadline`` (the work thread saw the local deadline move: a renewal succeeded);
 ``state`` (``is_leader`` changed, sampled every 10 ms, or its first sample after the
 process was stopped, with ``gap``); replies to commands.
 
 Commands (stdin, JSON lines):
 
+``start``
+    with ``DL_MP_DEFER=1``: start campaigning; reply ``started``.
 ``status``
-    reply ``status``: ``is_leader``, the held token, and who the store says leads.
+    reply ``status``: ``is_leader``, the held token, who the store says leads, and
+    ``stuck_for`` (seconds a term's work has not returned since the term ended, or None).
+``hang``
+    the work deadlocks: it stops calling ``lease.heartbeat()`` (and watching ``lease.lost``)
+    for good; reply ``hanging`` with ``beat_clock``, the ``clock`` of its last heartbeat.
 ``write``
     a ``FencedWrite`` row through ``lease.fenced()`` with the held lease; reply ``wrote``
     (``outcome``: ``committed``, ``rejected: ...`` or, on a store that cannot fence
@@ -43,6 +61,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tests.procs.common import (
+    clock,
     commands,
     db_alias,
     emit,
@@ -66,21 +85,48 @@ FLUSH_TIMEOUT = 10.0
 def main() -> None:
     setup_django()
     from django_leader import Elector, LeadershipLost, NotSupportedError
-    from django_leader.lease import clock
+    from django_leader.backends.base import Backend
     from testproject.demoapp.models import FencedWrite
+    from tests.support.counting import Call, CountingBackend
 
     identity = os.environ["DL_MP_IDENTITY"]
     ttl = float(os.environ["DL_MP_TTL"])
-    backend = make_backend()
+    watchdog = float(os.environ["DL_MP_WATCHDOG"]) if os.environ.get("DL_MP_WATCHDOG") else None
+    traced = {method for method in os.environ.get("DL_MP_TRACE", "").split(",") if method}
+    backend: Backend = make_backend()
+    if traced:
+
+        def trace(call: Call) -> None:
+            if call.method in traced:
+                emit("call", method=call.method, who=call.who, at=call.at)
+
+        def returned(call: Call) -> None:
+            if call.method in traced:
+                emit("returned", method=call.method, who=call.who, at=call.at)
+
+        backend = CountingBackend(backend, listener=trace, returned=returned)
     database = db_alias()
     leases: dict[int, Lease] = {}
     freeze = threading.Event()
+    hang = threading.Event()
+
+    def deadlock(lease: Lease, beat: float) -> None:
+        emit("hanging", token=lease.token, beat_clock=beat)
+        stuck = threading.Lock()
+        stuck.acquire()
+        stuck.acquire()  # never returns: this thread waits for itself
 
     def work(lease: Lease) -> None:
         leases[lease.token] = lease
         emit("work_started", token=lease.token)
         seen = lease.deadline
+        beat = clock()
         while not lease.lost.wait(WORK_POLL):
+            if hang.is_set():
+                deadlock(lease, beat)
+            if watchdog is not None:
+                beat = clock()  # before heartbeat(): never later than the watchdog's stamp
+                lease.heartbeat()
             if lease.deadline == seen:
                 continue
             seen = lease.deadline
@@ -120,6 +166,9 @@ def main() -> None:
         retry_interval=float(os.environ["DL_MP_RETRY"]),
         identity=identity,
         backend=backend,
+        mode=os.environ.get("DL_MP_MODE") or None,
+        priority=int(os.environ.get("DL_MP_PRIORITY", "0")),
+        watchdog=watchdog,
         on_elected=lambda lease: emit("elected", **lease_fields(lease)),
         on_lost=on_lost,
         on_new_leader=lambda lease: emit("new_leader", holder=lease.holder, token=lease.token),
@@ -149,7 +198,14 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     threading.Thread(target=monitor, name="monitor", daemon=True).start()
-    elector.start(work)
+
+    def start() -> None:
+        elector.start(work)
+        emit("started", identity=identity, mode=str(elector.mode), priority=elector.priority)
+
+    deferred = os.environ.get("DL_MP_DEFER") == "1"
+    if not deferred:
+        start()
     emit("ready", identity=identity)
 
     def fenced_write(lease: Lease, note: str) -> str:
@@ -166,7 +222,12 @@ def main() -> None:
 
     for command in commands():
         cmd = command["cmd"]
-        if cmd == "status":
+        if cmd == "start" and deferred:
+            deferred = False
+            start()
+        elif cmd == "hang":
+            hang.set()
+        elif cmd == "status":
             held = elector.lease
             store = elector.leader()
             emit(
@@ -175,6 +236,7 @@ def main() -> None:
                 token=None if held is None else held.token,
                 store_holder=None if store is None else store.holder,
                 store_token=None if store is None else store.token,
+                stuck_for=elector.stuck_for,
             )
         elif cmd == "write":
             held = elector.lease

@@ -20,14 +20,19 @@ The parent passes in the environment:
     touches a database that is not this run's test database.
 
 Every event is one JSON object per stdout line: ``{"ev": kind, "t": time.time(),
-"mono": time.monotonic(), "pid": ..., ...}``. Wall-clock stamps are comparable between
-processes of this machine, and with the server times of a local database.
+"mono": time.monotonic(), "clock": ..., "pid": ..., ...}``. Wall-clock stamps are comparable
+between processes of this machine, and with the server times of a local database; ``clock``
+is :func:`clock`, the lease clock (``CLOCK_BOOTTIME`` on Linux, one clock for every process
+of the machine, which no one sets), comparable between processes too and never stepped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -101,9 +106,23 @@ def make_backend() -> Backend:
     return DatabaseBackend(alias)
 
 
+def clock() -> float:
+    """``django_leader.lease.clock()`` (importable before Django is set up)."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
+
+
 def emit(ev: str, **fields: Any) -> None:
     """Report one event to the parent."""
-    record = {"ev": ev, "t": time.time(), "mono": time.monotonic(), "pid": os.getpid(), **fields}
+    record = {
+        "ev": ev,
+        "t": time.time(),
+        "mono": time.monotonic(),
+        "clock": clock(),
+        "pid": os.getpid(),
+        **fields,
+    }
     line = json.dumps(record, default=str)
     with _out:
         sys.stdout.write(line + "\n")
@@ -138,8 +157,33 @@ def lease_fields(lease: Lease) -> dict[str, Any]:
 
 
 def commands() -> Iterator[dict[str, Any]]:
-    """The parent's commands, one JSON object per stdin line, until stdin closes."""
-    for line in sys.stdin:
-        line = line.strip()
-        if line:
-            yield json.loads(line)
+    """The parent's commands, one JSON object per stdin line, until stdin closes.
+
+    Call it from the main thread. It waits for stdin with ``select()`` on a signal wake-up
+    pipe too: a Python signal handler runs only when the main thread runs Python code, and
+    the kernel may deliver a signal (SIGTERM) to any thread of the process — one of the
+    Elector's — leaving a main thread blocked in ``read()`` unaware of it for good."""
+    woken, wake = os.pipe()
+    os.set_blocking(woken, False)
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+    stdin = sys.stdin.fileno()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([stdin, woken], [], [])
+        if woken in ready:
+            # A signal arrived: its handler runs now that this thread runs Python again.
+            with contextlib.suppress(BlockingIOError):
+                os.read(woken, 512)
+        if stdin not in ready:
+            continue
+        chunk = os.read(stdin, 65536)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+        if not chunk:  # closed
+            if pending.strip():
+                yield json.loads(pending)
+            return

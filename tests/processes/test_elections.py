@@ -1,0 +1,634 @@
+"""Elections between real OS processes on real stores, with real faults: the acceptance of
+the election modes (fifo, priority), of the candidate registry's heartbeats, of the store's
+wake-ups and of the Elector's watchdog.
+
+Each candidate is ``tests/procs/candidate.py`` (an Elector in a process of its own, driven
+through ``tests/support/cluster.py``); with ``DL_MP_DEFER=1`` it loads, then campaigns only
+when told, so that processes started together join the queue in the order a test needs.
+Every process stamps its reports with ``clock`` (``CLOCK_BOOTTIME``: one clock for every
+process of the machine), so the reports of two processes can be put in order. Every time
+asserted is a bound from the contract (docs/, the elections issue) plus a margin for a
+process to report on a loaded machine, not a benchmark.
+
+The last test runs its Electors as threads of this process (hundreds of them), each with a
+store connection of its own, to count what one hand-over costs the store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_leader import Elector
+from django_leader.backends.base import Backend
+from django_leader.backends.cache import CacheBackend
+from django_leader.backends.db import DatabaseBackend
+from django_leader.lease import LossReason, clock
+from tests.support.cluster import (
+    PATIENCE,
+    STARTUP,
+    Child,
+    Cluster,
+    Event,
+    assert_no_overlap,
+    matches,
+    open_cluster,
+    open_store,
+    report,
+    wait_renewals,
+)
+from tests.support.counting import Call, CallLog, CountingBackend
+from tests.support.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.django_db(transaction=True, databases="__all__"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs POSIX signals, /proc"),
+]
+
+TTL = 2.0
+RENEW = 0.5
+RETRY = 0.25
+#: What a process may take on a loaded machine to act on what it saw and report it.
+MARGIN = 1.0
+#: How long a waiting candidate's registration outlives its last heartbeat (the Elector
+#: announces itself with ``max(ttl, 3 * retry_interval)``, see ``Elector._announce``).
+CANDIDACY_TTL = max(TTL, 3 * RETRY)
+
+EVERY_STORE = ["sqlite", "postgresql", "mysql", "redis"]
+
+
+@pytest.fixture(params=EVERY_STORE)
+def store(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """The parent's own view of the store (each test narrows the stores it runs on)."""
+    yield from open_store(request.param)
+
+
+@pytest.fixture
+def cluster(store: Backend, tmp_path: Path) -> Iterator[Cluster]:
+    yield from open_cluster(store, tmp_path)
+
+
+def on(*stores: str) -> pytest.MarkDecorator:
+    """Run the test on these stores only."""
+    return pytest.mark.parametrize("store", stores, indirect=True)
+
+
+# -- helpers --------------------------------------------------------------------------------
+def queue(store: Backend, cluster: Cluster) -> list[str]:
+    """The identities of the live candidates in the store's registry, in join order."""
+    return [candidate.identity for candidate in store.candidates(cluster.lease) or []]
+
+
+def start(cluster: Cluster, child: Child) -> Event:
+    """Tell a deferred candidate to campaign; its ``started`` report."""
+    after = child.send("start")
+    return cluster.wait_for(matches("started", child.label), f"{child.label} started", after=after)
+
+
+def join_in_order(cluster: Cluster, store: Backend, children: list[Child]) -> Event:
+    """Start deferred candidates one after the other: the first once it leads, each other
+    once the store has queued it. Returns the first one's ``elected`` report."""
+    first: Event | None = None
+    for child in children:
+        start(cluster, child)
+        if first is None:
+            first = cluster.wait_for(matches("elected", child.label), f"{child.label} leading")
+        else:
+            queued(cluster, store, child)
+    assert first is not None
+    return first
+
+
+def queued(cluster: Cluster, store: Backend, child: Child) -> None:
+    """Wait until the store's registry lists ``child``."""
+    wait_until(
+        lambda: child.identity in queue(store, cluster),
+        timeout=PATIENCE,
+        message=lambda: f"{child.label} never queued\n{cluster.describe()}",
+    )
+
+
+def elected_in_order(cluster: Cluster) -> list[str]:
+    return [event["who"] for event in cluster.select(matches("elected"))]
+
+
+def attempted(cluster: Cluster, child: Child, after: float) -> Event:
+    """Wait until the first acquisition ``child`` began after ``clock()`` time ``after``
+    has returned (needs ``DL_MP_TRACE=acquire``); its ``returned`` report. (One Elector's
+    attempts follow one another: the next return after a call is that call's.)"""
+    began = cluster.wait_for(
+        lambda e: matches("call", child.label, method="acquire")(e) and e["at"] > after,
+        f"{child.label} trying",
+    )
+    return cluster.wait_for(
+        lambda e: matches("returned", child.label, method="acquire")(e) and e["at"] >= began["at"],
+        f"{child.label}'s attempt returning",
+    )
+
+
+def local_ports(pid: int) -> set[int]:
+    """The local ports of process ``pid``'s TCP connections (from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def listeners(store: Backend, alias: str, child: Child) -> list[int]:
+    """The connections on which ``child`` listens for wake-ups, found by its local ports:
+    on PostgreSQL its sessions whose last statement was a ``LISTEN`` (their backend pids),
+    on Redis its pub/sub clients (their client ids)."""
+    ports = sorted(local_ports(child.pid))
+    if isinstance(store, CacheBackend):
+        clients = store.client.client_list(_type="pubsub")
+        return [
+            int(client["id"])
+            for client in clients
+            if int(client["addr"].rsplit(":", 1)[1]) in ports
+        ]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND client_port = ANY(%s) AND query LIKE 'LISTEN %%'",
+            [ports],
+        )
+        return [pid for (pid,) in cursor.fetchall()]
+
+
+def cut(store: Backend, alias: str, listener: int) -> None:
+    """Drop a wake-up connection on the server's side: ``pg_terminate_backend`` of the
+    session (and wait until it is gone), ``CLIENT KILL`` of the pub/sub client. Targeted:
+    other tests may be listening on the same servers."""
+    if isinstance(store, CacheBackend):
+        assert store.client.client_kill_filter(_id=str(listener), _type="pubsub") == 1
+        return
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [listener])
+        assert cursor.fetchone()[0] is True
+
+        def gone() -> bool:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [listener])
+            return bool(cursor.fetchone()[0] == 0)
+
+        wait_until(gone, timeout=PATIENCE, message="the LISTEN session outlived its termination")
+
+
+# -- 1. fifo -------------------------------------------------------------------------------
+@on(*EVERY_STORE)
+def test_fifo_candidates_lead_in_the_order_they_joined(
+    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
+) -> None:
+    """Five fifo candidates join one after the other; each leader in turn gets SIGTERM
+    (``stop()`` releases the lease): leadership passes down the queue in join order, each
+    time by a release (never by an expiry), with no two leaders at once."""
+    labels = ["a", "b", "c", "d", "e"]
+    children = [
+        cluster.spawn_candidate(label, retry=RETRY, DL_MP_MODE="fifo", DL_MP_DEFER="1")
+        for label in labels
+    ]
+    cluster.wait_ready(children)
+    first = join_in_order(cluster, store, children)
+    assert queue(store, cluster) == [child.identity for child in children[1:]]
+
+    leader, token = children[0], first["token"]
+    takeovers = []
+    for successor in children[1:]:
+        after = cluster.position()
+        leader.proc.send_signal(signal.SIGTERM)
+        elected = cluster.wait_for(
+            matches("elected"), f"a leader after {leader.label}", PATIENCE, after=after
+        )
+        lost = cluster.wait_for(
+            matches("lost", leader.label, token=token), f"{leader.label} stepping down"
+        )
+        stopped = cluster.wait_for(matches("stopped", leader.label), f"{leader.label} stopped")
+        assert stopped["history_flushed"] is True, stopped
+        assert leader.proc.wait(timeout=PATIENCE) == 0
+        assert elected["who"] == successor.label, cluster.describe()
+        assert elected["previous_holder"] == "", elected  # released, not expired
+        assert lost["clock"] < elected["clock"], (lost, elected)
+        takeovers.append(elected["clock"] - lost["clock"])
+        leader, token = successor, elected["token"]
+
+    report(request, slowest_takeover=max(takeovers))
+    assert elected_in_order(cluster) == labels
+    terms = assert_no_overlap(cluster)
+    # Each handover was a release (an expiry would be recorded as taken_over).
+    history = cluster.history(cluster.lease, leader)
+    expected = []
+    for term in terms:
+        holder = cluster.children[term.who].identity
+        expected += [("acquired", holder, term.token), ("released", holder, term.token)]
+    assert history == expected[:-1], history
+
+
+# -- 2. priority -----------------------------------------------------------------------------
+@on(*EVERY_STORE)
+def test_higher_priority_newcomer_takes_over_at_the_next_renewal(
+    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
+) -> None:
+    """Two priority-1 candidates, one leading; a priority-5 candidate joins. Within
+    RENEW_INTERVAL (+ margin) of its joining it leads: the leader saw it at its next
+    renewal, stepped down and handed over. By the one clock of the machine, the old leader
+    had stepped down before the newcomer was elected; the other priority-1 candidate,
+    first in the queue until then, never led."""
+    low = [
+        cluster.spawn_candidate(label, retry=RETRY, DL_MP_MODE="priority", DL_MP_PRIORITY="1")
+        for label in ("a", "b")
+    ]
+    high = cluster.spawn_candidate(
+        "c", retry=RETRY, DL_MP_MODE="priority", DL_MP_PRIORITY="5", DL_MP_DEFER="1"
+    )
+    cluster.wait_ready([*low, high])
+    first = cluster.wait_for(matches("elected"), "a first leader", PATIENCE)
+    old = cluster.children[first["who"]]
+    other = next(child for child in low if child is not old)
+    wait_until(
+        lambda: queue(store, cluster) == [other.identity],
+        timeout=PATIENCE,
+        message=lambda: f"{other.label} never queued alone\n{cluster.describe()}",
+    )
+
+    joined = start(cluster, high)
+    elected = cluster.wait_for(
+        matches("elected", high.label), "the newcomer leading", RENEW + MARGIN + PATIENCE
+    )
+    lost = cluster.wait_for(matches("lost", old.label, token=first["token"]), "a stepping down")
+    takeover = elected["clock"] - joined["clock"]
+    report(request, takeover=takeover, gap=elected["clock"] - lost["clock"])
+    assert takeover <= RENEW + MARGIN, f"took {takeover:.2f}s\n{cluster.describe()}"
+    assert lost["reason"].startswith(LossReason.HANDED_OVER.value), lost
+    assert lost["clock"] < elected["clock"], (lost, elected)
+    assert elected["previous_holder"] == "", elected  # released, not expired
+    # The newcomer keeps the lease: nobody takes it back.
+    wait_renewals(cluster, high.label, elected["token"], 2)
+    assert elected_in_order(cluster) == [old.label, high.label], cluster.describe()
+    current = store.read(cluster.lease)
+    assert current is not None and current.holder == high.identity, current
+    assert_no_overlap(cluster)
+
+
+# -- 3. a dead head of the queue ------------------------------------------------------------
+@on("sqlite", "postgresql", "redis")
+def test_killed_head_of_the_queue_is_skipped_once_its_heartbeat_expires(
+    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
+) -> None:
+    """fifo: a leads, b is next, then c. SIGKILL b, then a releases (SIGTERM): the release
+    wakes b, which is dead; once b's registration expires (no heartbeat) c is first in the
+    queue and leads — within the candidacy ttl + RETRY_INTERVAL (+ margin) of the
+    release."""
+    children = [
+        cluster.spawn_candidate(label, retry=RETRY, DL_MP_MODE="fifo", DL_MP_DEFER="1")
+        for label in ("a", "b", "c")
+    ]
+    cluster.wait_ready(children)
+    a, b, c = children
+    first = join_in_order(cluster, store, children)
+    assert queue(store, cluster) == [b.identity, c.identity]
+
+    b.kill()
+    after = cluster.position()
+    a.proc.send_signal(signal.SIGTERM)
+    lost = cluster.wait_for(matches("lost", a.label, token=first["token"]), "a stepping down")
+    bound = CANDIDACY_TTL + RETRY + MARGIN
+    elected = cluster.wait_for(
+        matches("elected"), "a leader after a", bound + PATIENCE, after=after
+    )
+    takeover = elected["clock"] - lost["clock"]  # from before the release
+    report(request, takeover=takeover)
+    assert elected["who"] == c.label, cluster.describe()
+    assert takeover <= bound, f"took {takeover:.2f}s\n{cluster.describe()}"
+    assert elected["previous_holder"] == "", elected  # released, not expired
+    assert b.identity not in queue(store, cluster), "b's registration outlived its heartbeat"
+    assert elected_in_order(cluster) == [a.label, c.label]
+    assert_no_overlap(cluster)
+
+
+# -- 4. a lost wake-up ----------------------------------------------------------------------
+#: A long lease for this test only: a waiting candidate whose wake-ups are live sleeps until
+#: the lease it saw would run out (at least LOST_TTL - LOST_RENEW), so only a wake-up can
+#: explain a takeover within RETRY_INTERVAL.
+LOST_TTL = 10.0
+LOST_RENEW = 2.0
+
+
+@on("postgresql", "redis")
+def test_lost_wake_up_costs_at_most_a_retry_interval(
+    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
+) -> None:
+    """race: a leads, b waits with its wake-ups live and so sleeps until a's lease would run
+    out. Drop b's listening connection on the server (``pg_terminate_backend`` of its
+    ``LISTEN`` session, ``CLIENT KILL`` of its pub/sub client) while b is stopped, so that
+    it cannot reconnect before a releases: the release's wake-up is lost for certain. Once
+    b runs again its hub finds the connection gone, reconnects and wakes everyone: b leads
+    within RETRY_INTERVAL (+ margin), long before its own timer would have fired."""
+    timing: dict[str, Any] = {"ttl": LOST_TTL, "renew": LOST_RENEW, "retry": RETRY}
+    a = cluster.spawn_candidate("a", **timing, DL_MP_MODE="race")
+    b = cluster.spawn_candidate(
+        "b", **timing, DL_MP_MODE="race", DL_MP_DEFER="1", DL_MP_TRACE="acquire,woken"
+    )
+    cluster.wait_ready([a, b])
+    first = cluster.wait_for(matches("elected", a.label), "a leading")
+    start(cluster, b)
+    cluster.wait_for(matches("new_leader", b.label, token=first["token"]), "b seeing a")
+    # Its hub wakes it once connected (as after every connection): let that attempt pass.
+    connected = cluster.wait_for(matches("call", b.label, method="woken"), "b's hub connecting")
+    attempted(cluster, b, after=connected["at"])
+    listening = wait_until(
+        lambda: listeners(store, cluster.alias, b),
+        timeout=PATIENCE,
+        message="b never listened for wake-ups",
+    )
+    assert len(listening) == 1, listening
+
+    # Wake b once more: its attempt sees a's lease with at least LOST_TTL - LOST_RENEW to
+    # run (give or take a late renewal), and it sleeps that long unless woken.
+    after = cluster.position()
+    store.wake(cluster.lease, b.identity)
+    woken = cluster.wait_for(matches("call", b.label, method="woken"), "b woken", after=after)
+    timer_at = attempted(cluster, b, after=woken["at"])["at"] + LOST_TTL - 2 * LOST_RENEW
+
+    os.kill(b.pid, signal.SIGSTOP)
+    wait_until(lambda: b.state() == "T", timeout=PATIENCE, interval=0.005)
+    calls, returns = (
+        len(cluster.select(matches(kind, b.label, method="acquire")))
+        for kind in ("call", "returned")
+    )
+    assert calls == returns, f"b was stopped with an attempt in flight\n{cluster.describe()}"
+    cut(store, cluster.alias, listening[0])
+    a.proc.send_signal(signal.SIGTERM)
+    stopped = cluster.wait_for(matches("stopped", a.label), "a releasing", after=after)
+    assert a.proc.wait(timeout=PATIENCE) == 0
+    # The release and its wake-up are done; b had no connection to hear it on.
+    resumed = clock()
+    os.kill(b.pid, signal.SIGCONT)
+
+    elected = cluster.wait_for(matches("elected", b.label), "b leading", RETRY + MARGIN + PATIENCE)
+    takeover = elected["clock"] - resumed
+    report(request, takeover=takeover, timer_left=timer_at - elected["clock"])
+    assert takeover <= RETRY + MARGIN, f"took {takeover:.2f}s\n{cluster.describe()}"
+    assert stopped["clock"] < resumed
+    assert elected["previous_holder"] == "", elected  # released, not expired
+    # What got b going: a wake-up from its hub once it reconnected, not its own timer.
+    assert elected["clock"] < timer_at, "b's own timer could explain the takeover"
+    assert cluster.select(
+        lambda e: (
+            matches("call", b.label, method="woken")(e) and resumed < e["at"] < elected["clock"]
+        )
+    ), cluster.describe()
+    again = wait_until(
+        lambda: listeners(store, cluster.alias, b),
+        timeout=PATIENCE,
+        message="b's hub never listened again",
+    )
+    assert again != listening, again  # a new connection
+    assert_no_overlap(cluster)
+
+
+# -- 5. the watchdog ------------------------------------------------------------------------
+WATCHDOG = 1.0
+
+
+@on("sqlite", "postgresql")
+def test_watchdog_hands_the_lease_on_when_the_work_deadlocks(
+    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
+) -> None:
+    """Two candidates with ``watchdog=1``; the leader's work deadlocks (it stops calling
+    ``lease.heartbeat()``). Within watchdog + RENEW_INTERVAL of its last heartbeat the
+    leader steps down and releases, and the other process leads; the stuck one reports its
+    work still running (``stuck_for``) and does not lead."""
+    children = cluster.candidates("a", "b", retry=RETRY, DL_MP_WATCHDOG=str(WATCHDOG))
+    first = cluster.wait_for(matches("elected"), "a first leader", PATIENCE)
+    old = cluster.children[first["who"]]
+    new = next(child for child in children if child is not old)
+    wait_renewals(cluster, old.label, first["token"], 2)  # heart-beating, it keeps the lease
+
+    after = old.send("hang")
+    hanging = cluster.wait_for(matches("hanging", old.label), "the work hanging", after=after)
+    lost = cluster.wait_for(
+        matches("lost", old.label, token=first["token"]),
+        "the watchdog firing",
+        WATCHDOG + RENEW + MARGIN + PATIENCE,
+        after=after,
+    )
+    elected = cluster.wait_for(matches("elected", new.label), "a takeover", after=after)
+    report(
+        request,
+        stepped_down=lost["clock"] - hanging["beat_clock"],
+        takeover=elected["clock"] - lost["clock"],
+    )
+    assert lost["reason"].startswith(LossReason.WATCHDOG.value), lost
+    assert lost["clock"] - hanging["beat_clock"] <= WATCHDOG + RENEW, (hanging, lost)
+    assert lost["clock"] < elected["clock"], (lost, elected)
+    # Released, not left to expire: the other process leads at once.
+    assert elected["clock"] - lost["clock"] <= RETRY + MARGIN, (lost, elected)
+    assert elected["previous_holder"] == "", elected  # released, not expired
+    status = old.request("status", "status")
+    assert status["is_leader"] is False, status
+    assert status["stuck_for"] is not None and status["stuck_for"] > 0, status
+    assert status["store_holder"] == new.identity, status
+    assert_no_overlap(cluster)
+
+
+# -- 6. no herd -----------------------------------------------------------------------------
+#: Long enough that nothing polls or renews on its own while a hand-over is counted: a fifo
+#: head polls every HERD_RETRY, the others (wake-ups live) once the lease they saw would
+#: run out, the leader renews and reads the registry every HERD_RENEW.
+HERD_TTL = 60.0
+HERD_RENEW = 20.0
+HERD_RETRY = 30.0
+#: Heartbeats that run on their own clocks, not caused by a hand-over: not counted.
+BACKGROUND = ("announce", "renew")
+#: What one fifo hand-over costs, whatever the number of candidates: the leader releases,
+#: reads the queue and wakes its head; the head alone is woken, reads the queue, acquires
+#: and leaves the queue.
+FIFO_HANDOVER = Counter(release=1, candidates=2, wake=1, woken=1, acquire=1, withdraw=1)
+#: Electors per backend instance: each instance has its own Redis connection pool, which
+#: redis-py caps (100 connections by default in redis-py 8).
+PER_BACKEND = 50
+
+
+@dataclass
+class Handover:
+    """What one release cost: the store calls from the release until the new leader left
+    the queue (race: until every waiting candidate had tried)."""
+
+    calls: list[Call]
+    head: str  # the first in the queue when the leader released ("" in race mode)
+    elected: str
+    waiting: set[str]  # every candidate but the leader
+
+    def who(self, method: str) -> list[str]:
+        return [call.who for call in self.calls if call.method == method]
+
+    @property
+    def tally(self) -> Counter[str]:
+        return CallLog.tally(self.calls, leave_out=BACKGROUND)
+
+
+def same_store(store: Backend) -> Backend:
+    """Another backend instance on ``store``'s database or Redis."""
+    if isinstance(store, DatabaseBackend):
+        return DatabaseBackend(store.alias)
+    assert isinstance(store, CacheBackend)
+    return CacheBackend(store.alias)
+
+
+def hand_over_once(store: Backend, mode: str, size: int) -> Handover:
+    """``size`` Electors (threads of this process, each making its calls on a connection of
+    its own: PostgreSQL's per thread, Redis's from a pool) campaign for a new name; the
+    first leads, the rest wait until nothing moves; then the leader stops (releasing) and
+    the calls the hand-over causes are counted."""
+    log = CallLog()
+    extra = [same_store(store) for _ in range((size - 1) // PER_BACKEND)]
+    backends = [CountingBackend(real, log) for real in [store, *extra]]
+    name = f"herd-{uuid.uuid4().hex[:10]}"
+    elected: dict[str, float] = {}
+
+    def elector(index: int) -> Elector:
+        return Elector(
+            name,
+            ttl=HERD_TTL,
+            renew_interval=HERD_RENEW,
+            retry_interval=HERD_RETRY,
+            identity=f"{mode}{size}-{index:03d}",
+            backend=backends[index // PER_BACKEND],
+            mode=mode,
+            on_elected=lambda lease: elected.setdefault(lease.holder, clock()),
+        )
+
+    def made(method: str, since: float = 0.0) -> dict[str, float]:
+        """Who made a call of ``method`` since ``since``, and when they last did."""
+        return {call.who: call.at for call in log.between(since) if call.method == method}
+
+    def registry() -> set[str]:
+        return {candidate.identity for candidate in store.candidates(name) or []}
+
+    leader = elector(0)
+    followers = [elector(index) for index in range(1, size)]
+    waiting = {follower.identity for follower in followers}
+    leader.start()
+    try:
+        assert leader.wait_for_leadership(PATIENCE), "the first elector never led"
+        for follower in followers:
+            follower.start()
+        if mode == "race":
+            wait_until(
+                lambda: waiting <= set(made("acquire")),
+                timeout=STARTUP,
+                message=lambda: f"never tried: {waiting - set(made('acquire'))}",
+            )
+        else:
+            wait_until(
+                lambda: registry() == waiting,
+                timeout=STARTUP,
+                message=lambda: f"never queued: {waiting - registry()}",
+            )
+
+        def quiet() -> bool:
+            recent = log.between(clock() - 0.5)
+            return not [call for call in recent if call.method not in BACKGROUND]
+
+        wait_until(quiet, timeout=STARTUP, message="the followers never settled")
+        members = store.candidates(name) or []
+        head = members[0].identity if mode != "race" and members else ""
+
+        released = clock()
+        leader.stop()
+        winner = wait_until(
+            lambda: next(iter(set(elected) - {leader.identity}), None), timeout=PATIENCE
+        )
+        if mode == "race":
+            # Everyone was woken: count until each has tried.
+            def everyone_tried() -> float | None:
+                tried = made("acquire", released)
+                return max(tried.values()) if waiting <= set(tried) else None
+
+            last = wait_until(everyone_tried, timeout=PATIENCE, message="not everyone tried")
+            end = max(elected[winner], last)
+        else:
+            end = wait_until(
+                lambda: made("withdraw", released).get(winner),
+                timeout=PATIENCE,
+                message="the new leader never left the queue",
+            )
+        return Handover(log.between(released, end), head, winner, waiting)
+    finally:
+        everyone = [leader, *followers]
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            list(pool.map(lambda e: e.stop(timeout=PATIENCE), everyone))
+        if isinstance(store, CacheBackend):  # a lease's meta key never expires
+            keys = list(store.client.scan_iter(match=f"*django_leader:{{{name}}}*", count=500))
+            if keys:
+                store.client.delete(*keys)
+        for real in extra:
+            real.close()
+            if isinstance(real, CacheBackend):
+                real.client.connection_pool.disconnect()
+
+
+@pytest.fixture
+def herd_store(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    yield from open_store(request.param)
+
+
+@pytest.mark.parametrize(
+    ("herd_store", "size"), [("postgresql", 40), ("redis", 200)], indirect=["herd_store"]
+)
+def test_fifo_handover_wakes_one_candidate_however_many_wait(
+    herd_store: Backend, size: int, request: pytest.FixtureRequest
+) -> None:
+    """One hand-over (the leader stops and releases) among ``size`` candidates: in fifo
+    mode it wakes the head of the queue alone, which alone tries, and costs the store the
+    same few calls with 10 candidates as with ``size``; in race mode every waiting
+    candidate is woken and tries (ZooKeeper's herd). Counted by a Backend wrapper that
+    notes each call the Electors make, and each wake-up delivered to them."""
+    small = hand_over_once(herd_store, "fifo", 10)
+    large = hand_over_once(herd_store, "fifo", size)
+    herd = hand_over_once(herd_store, "race", size)
+    summary = {
+        f"{label}{count}": dict(handover.tally)
+        for label, count, handover in (
+            ("fifo", 10, small),
+            ("fifo", size, large),
+            ("race", size, herd),
+        )
+    }
+    print(summary)
+    for handover in (small, large):
+        assert handover.elected == handover.head, handover
+        assert handover.who("woken") == [handover.head], summary
+        assert handover.who("acquire") == [handover.head], summary
+        assert handover.tally == FIFO_HANDOVER, summary
+    # race: every waiting candidate is woken (once) and tries (the stopping leader's own
+    # watch may hear the wake-up too).
+    woken = Counter(herd.who("woken"))
+    assert set(woken) >= herd.waiting and max(woken.values()) == 1, summary
+    assert sorted(herd.who("acquire")) == sorted(herd.waiting), summary
+    request.node.user_properties += [
+        ("fifo_calls", large.tally.total()),
+        ("race_calls", herd.tally.total()),
+    ]
