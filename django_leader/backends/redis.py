@@ -137,8 +137,17 @@ def _bounded(client: Any, timeout: float) -> Any:
     kwargs["socket_connect_timeout"] = timeout
     kwargs["retry"] = Retry(NoBackoff(), 0)  # the election loop retries, on its own schedule
     kwargs.pop("retry_on_timeout", None)
+    # A blocking pool: a call beyond max_connections at once waits for a free connection
+    # (within the bound) instead of failing with "Too many connections" — one process may
+    # run many Electors and locks. The limit is the project's pool's, at least 100.
+    limit = max(100, int(getattr(pool, "max_connections", 0) or 0))
     return redis.Redis(
-        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        connection_pool=redis.BlockingConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=min(limit, 2**31 - 1),
+            timeout=timeout,
+            **kwargs,
+        )
     )
 
 

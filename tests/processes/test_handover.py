@@ -20,16 +20,15 @@ import pytest
 from django_leader.backends.base import Backend
 from django_leader.election import Mode, queue
 from django_leader.models import LeaseEvent
-from tests.processes.test_multiprocess import (
+from tests.processes.test_multiprocess import cluster, store
+from tests.support.cluster import (
     PATIENCE,
     RENEW,
     RETRY,
     TTL,
     Cluster,
     assert_no_overlap,
-    cluster,
     matches,
-    store,
     wait_renewals,
 )
 from tests.support.stores import ROOT, child_env
