@@ -367,7 +367,7 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
     # Wake b once more: its attempt sees a's lease with at least LOST_TTL - LOST_RENEW to
     # run (give or take a late renewal), and it sleeps that long unless woken.
     after = cluster.position()
-    store.wake(cluster.lease, b.identity)
+    store.wake(cluster.lease)  # the channel race candidates and observers watch
     woken = cluster.wait_for(matches("call", b.label, method="woken"), "b woken", after=after)
     timer_at = attempted(cluster, b, after=woken["at"])["at"] + LOST_TTL - 2 * LOST_RENEW
 
@@ -463,9 +463,10 @@ HERD_RETRY = 30.0
 #: Heartbeats that run on their own clocks, not caused by a hand-over: not counted.
 BACKGROUND = ("announce", "renew")
 #: What one fifo hand-over costs, whatever the number of candidates: the leader releases,
-#: reads the queue and wakes its head; the head alone is woken, reads the queue, acquires
-#: and leaves the queue.
-FIFO_HANDOVER = Counter(release=1, candidates=2, wake=1, woken=1, acquire=1, withdraw=1)
+#: reads the queue and wakes its head; the head alone is woken and acquires at once (woken,
+#: it is its turn) and leaves the queue; the old leader leaves it again once its term is
+#: over (in case its withdrawal at election failed).
+FIFO_HANDOVER = Counter(release=1, candidates=1, wake=1, woken=1, acquire=1, withdraw=2)
 #: Electors per backend instance: each instance has its own Redis connection pool, which
 #: redis-py caps (100 connections by default in redis-py 8).
 PER_BACKEND = 50
@@ -623,10 +624,10 @@ def test_fifo_handover_wakes_one_candidate_however_many_wait(
         assert handover.who("woken") == [handover.head], summary
         assert handover.who("acquire") == [handover.head], summary
         assert handover.tally == FIFO_HANDOVER, summary
-    # race: every waiting candidate is woken (once) and tries (the stopping leader's own
-    # watch may hear the wake-up too).
-    woken = Counter(herd.who("woken"))
-    assert set(woken) >= herd.waiting and max(woken.values()) == 1, summary
+    # race: every waiting candidate is woken (all watch the name's channel, so a wake-up
+    # names nobody: counted, not told apart) and each tries once; the stopping leader's own
+    # watch may hear the wake-up too.
+    assert len(herd.waiting) <= herd.tally["woken"] <= len(herd.waiting) + 1, summary
     assert sorted(herd.who("acquire")) == sorted(herd.waiting), summary
     request.node.user_properties += [
         ("fifo_calls", large.tally.total()),
