@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from django_leader import Elector
 from django_leader.backends import get_backend
+from tests.support.electing import WAIT
 
 
 @pytest.fixture
@@ -18,3 +20,12 @@ def store() -> Iterator[Any]:
     yield backend
     backend.flush_history(10)
     backend.close()
+
+
+@pytest.fixture
+def electors() -> Iterator[list[Elector]]:
+    """The Electors a test started (see tests.support.electing.start), stopped after it."""
+    started: list[Elector] = []
+    yield started
+    for elector in started:
+        elector.stop(timeout=WAIT)

@@ -25,6 +25,7 @@ from django_leader.exceptions import BackendUnavailable
 from django_leader.lease import LossReason, clock
 from django_leader.observe import observe
 from django_leader.testing import MemoryBackend
+from tests.support.electing import start
 from tests.support.faults import FaultyBackend
 from tests.support.stores import CACHE_STORES, DATABASE_STORES, history, open_store, stores_db
 from tests.support.waiting import wait_until
@@ -51,20 +52,6 @@ def any_store(request: pytest.FixtureRequest) -> Iterator[Backend]:
 @pytest.fixture
 def memory() -> MemoryBackend:
     return MemoryBackend()
-
-
-@pytest.fixture
-def electors() -> Iterator[list[Elector]]:
-    started: list[Elector] = []
-    yield started
-    for elector in started:
-        elector.stop(timeout=WAIT)
-
-
-def start(electors: list[Elector], elector: Elector, work: Any = None) -> Elector:
-    electors.append(elector)
-    elector.start(work)
-    return elector
 
 
 def queued(store: Backend, name: str) -> list[str]:

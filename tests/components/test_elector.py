@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from django_leader.election import Candidate
 from django_leader.lease import clock
 from django_leader.models import Lease as LeaseRow
 from django_leader.models import LeaseEvent
+from tests.support.electing import start
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
 from tests.support.waiting import wait_until
@@ -22,20 +22,6 @@ pytestmark = stores_db
 
 FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
 WAIT = 10.0  # generous bound for anything that should happen "soon"
-
-
-@pytest.fixture
-def electors() -> Iterator[list[Elector]]:
-    started: list[Elector] = []
-    yield started
-    for elector in started:
-        elector.stop(timeout=WAIT)
-
-
-def start(electors: list[Elector], elector: Elector, work: Any = None) -> Elector:
-    electors.append(elector)
-    elector.start(work)
-    return elector
 
 
 def test_elected_then_stop_releases_to_follower(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,14 +23,6 @@ TTL, RENEW, RETRY = 1.5, 0.3, 0.1
 FAST: dict[str, Any] = {"ttl": TTL, "renew_interval": RENEW, "retry_interval": RETRY}
 WATCHDOG = 0.8
 WAIT = 10.0
-
-
-@pytest.fixture
-def electors() -> Iterator[list[Elector]]:
-    started: list[Elector] = []
-    yield started
-    for elector in started:
-        elector.stop(timeout=WAIT)
 
 
 class Hangs:
