@@ -14,6 +14,7 @@ from django.test import Client, RequestFactory
 from django_leader import Elector, Lease
 from django_leader.lease import LossReason, clock
 from django_leader.testing import MemoryBackend, leader_backend
+from tests.support.electing import start
 from tests.support.stores import history, stores_db
 from tests.support.waiting import wait_until
 
@@ -71,16 +72,16 @@ def test_work_that_stops_beating_loses_the_lease_and_another_leads(
     backend: Any, lease_name: str, electors: list[Elector]
 ) -> None:
     work = Hangs()
-    first = Elector(lease_name, identity="stuck", backend=backend, watchdog=WATCHDOG, **FAST)
-    electors.append(first)
-    first.start(work)
+    first = start(
+        electors,
+        Elector(lease_name, identity="stuck", backend=backend, watchdog=WATCHDOG, **FAST),
+        work,
+    )
     try:
         assert first.wait_for_leadership(WAIT)
         lease = first.lease
         assert lease is not None
-        second = Elector(lease_name, identity="second", backend=backend, **FAST)
-        electors.append(second)
-        second.start()
+        second = start(electors, Elector(lease_name, identity="second", backend=backend, **FAST))
         wait_until(lambda: work.beats >= 3, timeout=WAIT, message="the work does not beat")
         assert first.stuck_for is None
 
@@ -116,16 +117,16 @@ def test_work_that_keeps_beating_keeps_the_lease(
     backend: Any, lease_name: str, electors: list[Elector]
 ) -> None:
     work = Hangs()
-    first = Elector(lease_name, identity="beating", backend=backend, watchdog=0.3, **FAST)
-    electors.append(first)
-    first.start(work)
+    first = start(
+        electors,
+        Elector(lease_name, identity="beating", backend=backend, watchdog=0.3, **FAST),
+        work,
+    )
     try:
         assert first.wait_for_leadership(WAIT)
         lease = first.lease
         assert lease is not None
-        second = Elector(lease_name, identity="second", backend=backend, **FAST)
-        electors.append(second)
-        second.start()
+        second = start(electors, Elector(lease_name, identity="second", backend=backend, **FAST))
         # Four watchdog periods of beating: the watchdog must not fire meanwhile.
         time.sleep(1.2)
         assert work.beats >= 8
@@ -143,9 +144,7 @@ def test_live_view_waits_for_the_grace_period(
 ) -> None:
     """Without ``?grace=``, the grace period is each elector's ttl; a bad one is a 400."""
     work = Hangs()
-    elector = Elector("live-view", identity="stuck", watchdog=0.2, **FAST)
-    electors.append(elector)
-    elector.start(work)
+    elector = start(electors, Elector("live-view", identity="stuck", watchdog=0.2, **FAST), work)
     try:
         assert elector.wait_for_leadership(WAIT)
         work.hang()
