@@ -41,9 +41,14 @@ def drop_connections(backend: Any) -> int:
         import redis
 
         pool = backend.client.connection_pool
+        # A BlockingConnectionPool lists every connection it made; a ConnectionPool, those
+        # free and those in use.
+        made = getattr(pool, "_connections", None)
+        if made is None:
+            made = [*pool._available_connections, *pool._in_use_connections]
         mine = {
             "%s:%s" % conn._sock.getsockname()[:2]  # noqa: UP031 - ip:port as Redis lists it
-            for conn in [*pool._available_connections, *pool._in_use_connections]
+            for conn in made
             if conn._sock is not None
         }
         # From a connection of its own: CLIENT KILL never kills the connection it runs on.
