@@ -74,13 +74,14 @@ LOAD_TTL, LOAD_RENEW, LOAD_RETRY = 120.0, 40.0, 40.0
 #: Candidates per process in the load part.
 PER_PROCESS = 100
 #: Seconds counted after each handover of the load part.
-LOAD_WINDOW = 2.0
+LOAD_WINDOW = 1.5
 #: Handovers per configuration of the load part.
 LOAD_ROUNDS = 3
 #: The parts, in the order they run.
 PARTS = ("handover", "reference", "crash", "peers", "load")
-#: Before each signal: a pause, plus a random part (the followers' poll phase).
-SETTLE, JITTER = 0.2, RETRY
+#: Before each signal: a pause, plus a random part of the followers' polling period (of
+#: the leader's renewal period before a SIGKILL: the rest of its lease).
+SETTLE, JITTER, CRASH_JITTER = 0.1, RETRY, RENEW
 
 
 def clock() -> float:
@@ -383,7 +384,8 @@ def handover_series(
                 )
 
             log.until(steady, 60, f"{series.label}: candidates ready")
-            time.sleep(SETTLE + random.uniform(0, JITTER))  # a random poll phase
+            jitter = JITTER if rejoin else CRASH_JITTER
+            time.sleep(SETTLE + random.uniform(0, jitter))  # a random phase
             mark = log.mark()
             victim = next(p for p in running if p.pid == leader)
             signalled = clock()
@@ -653,7 +655,7 @@ def load_series(log: Log, store: PrivateStore, mode: str, sizes: list[int]) -> l
             pids = {p.pid for p in procs}
             mark = log.mark()
             before, started = store.counts(), clock()
-            time.sleep(2.0)
+            time.sleep(LOAD_WINDOW)
             after, ended = store.counts(), clock()
             idle = {k: (after[k] - before[k]) / (ended - started) for k in after | before}
             idle_tries = len(traced(log, mark, "acq", started, ended, pids)) / (ended - started)
