@@ -1005,7 +1005,7 @@ def main() -> None:
                 print(f"  {peer_row(peers[-1])}", flush=True)
         elif part == "load":
             sizes = [int(size) for size in args.sizes.split(",") if size]
-            loads = run_load(log, sizes, list(envs))
+            loads = run_load(log, sizes, list(envs), modes)
         took[part] = clock() - part_began
     print()
     report(handover, crash, peers, loads)
@@ -1092,7 +1092,7 @@ def peer_row(peer: Peer) -> str:
     )
 
 
-def run_load(log: Log, sizes: list[int], stores: list[str]) -> list[Load]:
+def run_load(log: Log, sizes: list[int], stores: list[str], modes: list[str]) -> list[Load]:
     """The load part: both private stores at once (what is counted is statements, not
     time), race then fifo on each."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-"))
@@ -1126,7 +1126,7 @@ def run_load(log: Log, sizes: list[int], stores: list[str]) -> list[Load]:
 
         def measure(store: PrivateStore) -> None:
             try:
-                for mode in ("race", "fifo"):
+                for mode in modes:
                     results.extend(load_series(log, store, mode, sizes))
             except BaseException as exc:
                 errors.append(exc)
@@ -1165,14 +1165,17 @@ CLIENT_COMMANDS = {
 def load_row(result: Load) -> str:
     totals = [sum(r.values()) for r in result.rounds]
     if result.store == "redis":
-        requests = [sum(v for k, v in r.items() if k in CLIENT_COMMANDS) for r in result.rounds]
+        requests = [
+            sum((v for k, v in r.items() if k in CLIENT_COMMANDS), 0.0) for r in result.rounds
+        ]
     else:  # every statement is a request
         requests = totals
-    kinds: Counter[str] = Counter()
+    kinds: dict[str, float] = {}
     for r in result.rounds:
         for key, value in r.items():
-            kinds[key] += value / len(result.rounds)
-    top = ", ".join(f"{key} {value:.0f}" for key, value in kinds.most_common() if round(value) >= 1)
+            kinds[key] = kinds.get(key, 0.0) + value / len(result.rounds)
+    ranked = sorted(kinds.items(), key=lambda item: -item[1])
+    top = ", ".join(f"{key} {value:.0f}" for key, value in ranked if round(value) >= 1)
     return (
         f"| {result.store} | {result.mode} | {result.size} | "
         f"{statistics.median(result.woken):.0f} | {statistics.median(result.tried):.0f} | "
