@@ -9,12 +9,14 @@
 #   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
 #   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
 #                each in a venv of its own, where those interpreters exist
+#   make bench   the benchmarks of bench/ (default: elections, about 8 minutes); not in CI
 #
 # Variables: PYTHON (the interpreter that creates .venv, default python3),
 # PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"), TEST_WORKERS (make
 # test's parallel pytest processes, default 2; 0 for one), COVERAGE=1 (make test
 # with a branch-coverage report of django_leader/),
-# STORES, DURATION and SEED (make chaos: which stores, seconds of faults each, the seed).
+# STORES, DURATION and SEED (make chaos: which stores, seconds of faults each, the seed),
+# BENCH and BENCH_ARGS (make bench: which bench/ scripts, and options for each).
 
 PYTHON ?= python3
 PYTEST_ARGS ?=
@@ -29,7 +31,7 @@ STAMP := $(VENV)/.installed
 MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint docs dist demo chaos compat compat-one clean distclean
+.PHONY: help venv test lint docs dist demo chaos compat compat-one bench clean distclean
 
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
@@ -40,6 +42,7 @@ help:
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
 	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
+	@echo "make bench      benchmarks (BENCH=\"elections ops failover ...\", BENCH_ARGS=...), ~8 min"
 	@echo "make clean      remove caches, build output and .demo/"
 	@echo "make distclean  clean, and remove .venv too"
 
@@ -142,6 +145,19 @@ compat-one:
 
 demo: venv
 	$(BIN)/python -m testproject.demo
+
+# The benchmarks in bench/ (docs/benchmarks.md), on this machine's services, one script
+# after the other: BENCH names them (default: elections, which measures celery-redbeat and
+# single-beat beside django-leader: they are installed into .venv for it), BENCH_ARGS
+# passes options to each. Not part of CI: the numbers need a machine at rest.
+BENCH ?= elections
+BENCH_ARGS ?=
+bench: venv
+	$(BIN)/python -m pip install --quiet celery-redbeat single-beat
+	@status=0; for script in $(BENCH); do \
+		echo "$(BIN)/python bench/$$script.py $(BENCH_ARGS)"; \
+		$(BIN)/python bench/$$script.py $(BENCH_ARGS) || status=1; \
+	done; exit $$status
 
 clean:
 	rm -rf .demo build dist docs/_build .pytest_cache .mypy_cache .ruff_cache *.egg-info \

@@ -19,8 +19,24 @@ def setup() -> None:
 
 
 def migrate(alias: str) -> None:
+    """Create database ``alias`` on its server if it is missing, then migrate it (the real
+    database of the test project's settings, not a test database)."""
     from django.core.management import call_command
+    from django.db import connections
 
+    connection = connections[alias]
+    if connection.vendor in ("postgresql", "mysql"):
+        name = connection.settings_dict["NAME"]
+        with connection._nodb_cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+                if cursor.fetchone() is None:
+                    cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+            else:
+                cursor.execute(
+                    f"CREATE DATABASE IF NOT EXISTS {connection.ops.quote_name(name)} "
+                    "CHARACTER SET utf8mb4"
+                )
     call_command("migrate", database=alias, verbosity=0)
 
 
