@@ -210,6 +210,20 @@ class DatabaseBackend(Backend):
         with self._cursor(atomic=True) as cursor:
             lease = self._update(cursor, update, [holder, ttl_param, name, holder], name)
             if lease is None:
+                # Refused: held (the common case, one more statement), gated, or no row.
+                cursor.execute(
+                    f"SELECT {self._select}, {now}, CASE WHEN holder <> '' AND "
+                    f"expires_at > {now} THEN 1 ELSE 0 END FROM {self._table} WHERE name = %s",
+                    [name],
+                )
+                row = cursor.fetchone()
+                if row is not None:
+                    if not row[-1]:
+                        return None, None  # free yet refused: a term or a hand-over gate
+                    current = self._row(row[:-2])
+                    assert current is not None
+                    current.read_at = aware(row[-2])
+                    return None, current
                 # No row: a new name, or a row deleted by hand (see "When the store
                 # forgets" in docs/safety.md).
                 top, released = 0, False
