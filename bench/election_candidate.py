@@ -65,6 +65,7 @@ class Ready:
     def __init__(self) -> None:
         self.announced: set[str] = set()
         self.watches: dict[str, Any] = {}
+        self.owners: dict[int, str] = {}  # id() of an Elector's wake-up Event -> identity
         self.said: set[str] = set()
         self.wakeups = True
         self.lock = threading.Lock()
@@ -132,18 +133,19 @@ def instrument(backend: Any, ready: Ready, trace: bool, wakeups: bool) -> None:
     def traced_watch(name: str, callback: Any, *, identity: str | None = None) -> Any:
         if not wakeups:
             return None
+        # A race candidate watches the name's channel (identity None): who it is comes from
+        # the Event whose set() the Elector passes as the callback.
+        who = identity or ready.owners.get(id(getattr(callback, "__self__", None)), "?")
 
         def woken() -> None:
             if trace:
                 now = f"{time.time():.6f}"
-                emit("T", "woken", identity, now, now)
+                emit("T", "woken", who, now, now)
             callback()
-            if identity is not None:
-                ready.check(identity)
+            ready.check(who)
 
         handle = watch(name, woken, identity=identity)
-        if identity is not None:
-            ready.watches[identity] = handle
+        ready.watches[who] = handle
         return handle
 
     backend.acquire, backend.release, backend.wake = traced_acquire, traced_release, traced_wake
@@ -189,6 +191,7 @@ def main() -> None:
                 "elected", lease.holder, os.getpid(), f"{time.time():.6f}"
             ),
         )
+        ready.owners[id(elector._follow)] = identity
         instrument(elector.backend, ready, args.trace, not args.no_wakeups)
         return elector
 

@@ -327,6 +327,10 @@ def breakdown(
                 at.setdefault("woken", start)
             elif kind == "acq" and words[5:6] == ["1"]:
                 at["acq0"], at["acq1"] = start, end
+    if "wake0" not in at and "rel1" in at:
+        # race: the release itself wakes the name's watchers (NOTIFY in its transaction,
+        # PUBLISH in its script): no wake-up call of its own.
+        at["wake0"] = at["wake1"] = at["rel1"]
     stages = {}
     for stage, first, second in STAGES:
         if stage.startswith("released→acquire") and "woken" in at:
