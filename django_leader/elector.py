@@ -152,6 +152,9 @@ class Elector:
         self._members_read = 0.0
         self._reading: Future[list[Candidate] | None] | None = None
         self._handover_to = ""  # the candidate this leader is to hand over to
+        self._handed_over = False  # the last term ended in a hand-over
+        # The candidate (identity, last heartbeat) a priority leader last handed over to.
+        self._passed_over: tuple[str, datetime | None] | None = None
         self._lost_at: float | None = None  # clock() when a term ended with its work running
 
     def __repr__(self) -> str:
@@ -325,6 +328,14 @@ class Elector:
                 backoff, self._resign_backoff = self._resign_backoff, None
                 if not self._stop.is_set():
                     self._stop.wait(self.timing.retry_interval if backoff is None else backoff)
+                if self._handed_over:
+                    # Try once, whatever the queue says, after the one it handed over to
+                    # had its chance: should that one be dead (its heartbeat not run out
+                    # yet), the name is without a leader for a retry_interval, not until
+                    # its candidacy expires. A live one holds the lease by now (or the
+                    # store's hand-over gate still keeps others out).
+                    self._handed_over = False
+                    self._follow.set()
         finally:
             _running.discard(self)
             watch, self._watch = self._watch, None
@@ -668,6 +679,7 @@ class Elector:
                 LossReason.WATCHDOG, f"no lease.heartbeat() for {self.watchdog:g}s"
             )
         elif self._handover_to:
+            self._handed_over = True
             to = "" if self._handover_to == "*" else self._handover_to
             stepped_down = term.step_down(LossReason.HANDED_OVER, f"to {to or 'the next in line'}")
         else:
@@ -782,7 +794,12 @@ class Elector:
         self._membership(members)
         if self.mode is Mode.PRIORITY and self.is_leader:
             first = preempted_by(self.priority, members, holder=self.identity)
+            if first is not None and (first.identity, first.seen_at) == self._passed_over:
+                # Handed over to it once already, and it did not take the lease: it has not
+                # beaten since (dead, most likely). Wait for a sign of life or its expiry.
+                first = None
             if first is not None and not self._handover_to:
+                self._passed_over = (first.identity, first.seen_at)
                 logger.info(
                     "%s hands %r over to %s (priority %d > %d)",
                     self.identity,

@@ -158,6 +158,34 @@ def test_fifo_takes_turns_in_join_order(
     assert elected == ["a", "b", "c", "a", "b", "c", "a"]
 
 
+def test_a_leader_that_handed_over_to_a_dead_candidate_leads_again_at_once(
+    memory: MemoryBackend, lease_name: str, electors: list[Elector]
+) -> None:
+    """priority: a higher-priority candidate is listed, but dead (its last heartbeat has
+    not run out yet). The leader hands over to it once; when it does not take the lease,
+    the leader takes it back after one retry_interval — not when the dead candidacy expires
+    (30 s here) — and does not hand over to it again while it gives no sign of life."""
+    low = start(
+        electors,
+        Elector(lease_name, identity="low", backend=memory, mode="priority", priority=1, **FAST),
+    )
+    assert low.wait_for_leadership(WAIT)
+    first = low.lease
+    assert first is not None
+    memory.announce(lease_name, Candidate("ghost", priority=9), 30.0)  # then never again
+    assert first.lost.wait(WAIT), "the leader never handed over"
+    assert first.lost_cause is LossReason.HANDED_OVER, first.lost_reason
+    handed = clock()
+    assert low.wait_for_leadership(WAIT)
+    again = low.lease
+    assert again is not None and again.token > first.token
+    bound = FAST["retry_interval"] + FAST["renew_interval"] + 1.0
+    assert clock() - handed <= bound, clock() - handed
+    # Several registry reads later (one per renew_interval) it still leads.
+    time.sleep(4 * FAST["renew_interval"])  # the behaviour: no second hand-over meanwhile
+    assert low.lease is again and not again.lost.is_set()
+
+
 # -- priority -------------------------------------------------------------------------------------
 def test_a_higher_priority_newcomer_takes_over_at_the_next_renewal(
     any_store: Backend, lease_name: str, electors: list[Elector]
