@@ -480,11 +480,11 @@ class Elector:
             self._watch = None
 
     def _poll_interval(self) -> float:
-        """How long a waiting candidate sleeps unless woken (never past its next heartbeat,
-        in a queue): ``retry_interval`` without
-        live wake-ups (and for the first two of a fifo/priority queue, so that a dead head
-        is skipped promptly); with them, until the lease it last saw would run out (a
-        crashed holder's), at most ``max(ttl, retry_interval)``."""
+        """How long a waiting candidate sleeps unless woken (in a queue, never past its
+        next heartbeat): ``retry_interval`` without live wake-ups (and for the first two of
+        a fifo/priority queue, so that a dead head is skipped promptly); with them, until
+        the lease it last saw would run out (a crashed holder's), at most
+        ``max(ttl, retry_interval)``."""
         interval = self._until_wake()
         if self.mode is Mode.RACE:
             return interval
@@ -688,16 +688,20 @@ class Elector:
             term.signal_lost()
         self._callback(self.on_lost, lease)
 
-        release = not (self._stop.is_set() and not self._release_on_stop)
+        def end_term() -> None:
+            self._lease = None
+            # Without a release (stop(release=False), or a failed one) listeners hear of
+            # the end all the same: the term sends leader_lost then.
+            if term.end(release=not (self._stop.is_set() and not self._release_on_stop)):
+                self._wake_next(caller, to)
+
         if stuck:
             # The work does not answer: hand the lease on now rather than hold it for a
             # process that cannot lead. This elector campaigns again once the work returns;
             # until then the liveness view reports it (stuck_for), so that a probe can
             # restart the process — a second work beside a stuck one would not help.
             self._lost_at = clock()
-            if term.end(release=release):
-                self._wake_next(caller, to)
-            self._lease = None
+            end_term()
         if worker is not None:
             if not lease.held and self._lost_at is None:
                 self._lost_at = clock()
@@ -713,11 +717,7 @@ class Elector:
                     )
         self._lost_at = None
         if not stuck:
-            self._lease = None
-            # Without a release (stop(release=False), or a failed one) listeners hear of
-            # the end all the same: the term sends leader_lost then.
-            if term.end(release=release):
-                self._wake_next(caller, to)
+            end_term()
 
     def _hold(self, lease: Lease, caller: StoreCaller) -> bool:
         """Lead until the term must end; True if the watchdog ended it.
@@ -828,9 +828,8 @@ class Elector:
                 work(lease)
         except BaseException as exc:  # reported, then leadership is handed on
             logger.exception("work for %r raised", self.name, extra=log_extra(lease))
-            if self._lease is lease:  # not a work the watchdog left behind
-                self._work_error = exc
-                self._wake.set()
+            self._work_error = exc
+            self._wake.set()
 
     def _callback(self, callback: Callback, lease: Lease) -> None:
         try:

@@ -460,11 +460,7 @@ class DatabaseBackend(Backend):
         hub = self._wake_hub()
         if hub is None:
             return None
-        # One candidate's channel: no wake-up after a reconnection (it polls; a wake-up
-        # would let it jump the queue).
-        return hub.watch(
-            [channel(self._channel_prefix, name, identity)], callback, resync=identity is None
-        )
+        return hub.watch_lease(self._channel_prefix, name, identity, callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:
         if self.vendor != "postgresql":

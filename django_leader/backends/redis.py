@@ -435,11 +435,7 @@ class RedisBackend(Backend):
             from .redis_listen import RedisListener
 
             hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
-        # One candidate's channel: no wake-up after a reconnection (it polls; a wake-up
-        # would let it jump the queue).
-        return hub.watch(
-            [channel(self._channel_prefix, name, identity)], callback, resync=identity is None
-        )
+        return hub.watch_lease(self._channel_prefix, name, identity, callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:
         import redis

@@ -116,6 +116,15 @@ class WakeHub:
         self._changed.set()
         return watch
 
+    def watch_lease(
+        self, prefix: str, name: str, identity: str | None, callback: Callable[[], None]
+    ) -> _Watch:
+        """What ``Backend.watch`` gives: the :func:`channel` of ``name`` (woken by every
+        release, and after each reconnection), or of one ``identity`` (the next in a
+        queue: no wake-up after a reconnection — it polls, and a wake-up would let it jump
+        the queue)."""
+        return self.watch([channel(prefix, name, identity)], callback, resync=identity is None)
+
     def forget(self, watch: _Watch) -> None:
         with self._lock:
             for name in watch.names:
