@@ -1,7 +1,8 @@
 """Which database servers this machine can reach, for the test suite.
 
-Each reachable server becomes an extra alias (``postgresql``, ``mysql``); an unreachable one
-is left out and its reason kept in :data:`UNAVAILABLE`, so the tests skip it visibly (or, with
+Each reachable server becomes an extra alias (``postgresql``, ``mysql``), Redis a cache
+alias and ZooKeeper the ``ZOOKEEPER`` setting; an unreachable one is left out and its reason
+kept in :data:`UNAVAILABLE`, so the tests skip it visibly (or, with
 ``DJANGO_LEADER_REQUIRE_SERVICES=1`` as in CI, fail).
 """
 
@@ -20,6 +21,8 @@ UNAVAILABLE: dict[str, str] = {}
 TEST_RUN_ID = os.environ.get("DJANGO_LEADER_TEST_RUN_ID", str(os.getpid()))
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
+
+DEFAULT_ZOOKEEPER_HOSTS = "127.0.0.1:2181"
 
 DEFAULT_URLS = {
     "postgresql": "postgres://postgres@127.0.0.1:5432/django_leader",
@@ -143,3 +146,67 @@ def redis_caches() -> dict[str, dict[str, Any]]:
             "KEY_PREFIX": prefix + "_dr",
         }
     return found
+
+
+def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 0.5) -> str:
+    """ZooKeeper's answer to the four-letter ``word`` (the server closes the connection
+    after it); an OSError if it does not answer within ``timeout`` seconds."""
+    chunks = []
+    with socket.create_connection((host, port), timeout=timeout) as connection:
+        connection.sendall(word.encode())
+        while chunk := connection.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def zookeeper_mode(host: str, port: int, timeout: float = 0.5) -> str | None:
+    """``standalone``, ``leader`` or ``follower`` from the server's ``srvr``; None if it
+    does not answer or is not serving (a node of an ensemble without a quorum)."""
+    try:
+        return _mode(four_letter_word(host, port, "srvr", timeout))
+    except OSError:
+        return None
+
+
+def _mode(srvr: str) -> str | None:
+    for line in srvr.splitlines():
+        if line.startswith("Mode: "):
+            return line[len("Mode: ") :].strip()
+    return None
+
+
+def _zookeeper_problem(host: str, port: int) -> str | None:
+    try:
+        answer = four_letter_word(host, port, "srvr", timeout=0.5)
+    except OSError as exc:
+        return f"{host}:{port} unreachable ({exc.strerror or exc})"
+    if _mode(answer) is None:
+        return f"{host}:{port} not serving (srvr: {answer.strip()[:80]!r})"
+    return None
+
+
+def zookeeper_hosts() -> str | None:
+    """The ZooKeeper connection string for the tests (``DJANGO_LEADER_ZOOKEEPER_HOSTS``,
+    default ``127.0.0.1:2181``) if one of its servers serves and kazoo is installed;
+    otherwise None, with the reason in ``UNAVAILABLE["zookeeper"]``."""
+    hosts = os.environ.get("DJANGO_LEADER_ZOOKEEPER_HOSTS")
+    if os.environ.get("DJANGO_LEADER_EXTRA_DATABASES", "1") == "0" and not hosts:
+        return None
+    hosts = hosts or DEFAULT_ZOOKEEPER_HOSTS
+    try:
+        __import__("kazoo")
+    except ImportError:
+        UNAVAILABLE["zookeeper"] = "zookeeper: Python package 'kazoo' not installed"
+        return None
+    # "host:port,host:port/chroot": any one server that serves will do, as for kazoo.
+    problems = []
+    for server in hosts.split("/", 1)[0].split(","):
+        host, colon, port = server.strip().rpartition(":")
+        if not colon:  # a host without a port: ZooKeeper's 2181
+            host, port = port, "2181"
+        problem = _zookeeper_problem(host.strip("[]"), int(port))
+        if problem is None:
+            return hosts
+        problems.append(problem)
+    UNAVAILABLE["zookeeper"] = f"zookeeper: {'; '.join(problems)}"
+    return None

@@ -2,8 +2,9 @@
 
 SQLite by default. ``DATABASE_URL`` (postgres://…, mysql://…, sqlite:///path) replaces the
 default database and ``REDIS_URL`` adds a Redis cache. For the test suite the project also
-defines one alias per reachable database server (``postgresql``, ``mysql``) so that one run
-covers every backend; see ``testproject/services.py``.
+defines one alias per reachable database server (``postgresql``, ``mysql``) and, when a
+ZooKeeper serves, ``ZOOKEEPER``, so that one run covers every backend; see
+``testproject/services.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ import json
 import os
 from pathlib import Path
 
-from testproject.services import TEST_RUN_ID, database_from_url, extra_databases, redis_caches
+# Safe while nothing in django_leader reads Django's settings on import (django.setup()
+# imports it anyway): only the defaults are looked at, to see which keys they know.
+from django_leader.conf import DEFAULTS as _LEADER_DEFAULTS
+from testproject.services import (
+    TEST_RUN_ID,
+    database_from_url,
+    extra_databases,
+    redis_caches,
+    zookeeper_hosts,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "django-leader-testproject-not-secret"
@@ -87,6 +97,28 @@ DJANGO_LEADER = {
     "RENEW_INTERVAL": float(os.environ.get("DJANGO_LEADER_RENEW", "5")),
     "RETRY_INTERVAL": float(os.environ.get("DJANGO_LEADER_RETRY", "2")),
 }
+
+# The ZooKeeper lease backend's servers: DJANGO_LEADER_ZOOKEEPER_HOSTS (default the local
+# 127.0.0.1:2181) when one of them serves, else None and the ZooKeeper tests skip. Leases
+# live under a root of this run's own, so that concurrent runs share no lease; processes
+# started by a run are given the run's root in DJANGO_LEADER_ZOOKEEPER_ROOT.
+_zookeeper_hosts = zookeeper_hosts()
+ZOOKEEPER = (
+    {
+        "HOSTS": _zookeeper_hosts,
+        "ROOT": os.environ.get(
+            "DJANGO_LEADER_ZOOKEEPER_ROOT", f"/django-leader-test-{TEST_RUN_ID}"
+        ),
+    }
+    if _zookeeper_hosts
+    else None
+)
+# Into DJANGO_LEADER only where its validation knows the key (it refuses unknown ones), or
+# where the ZooKeeper backend is asked for (which cannot work without it).
+if ZOOKEEPER and (
+    "ZOOKEEPER" in _LEADER_DEFAULTS or DJANGO_LEADER["BACKEND"].endswith(".ZooKeeperBackend")
+):
+    DJANGO_LEADER["ZOOKEEPER"] = ZOOKEEPER
 
 LOGGING = {
     "version": 1,
