@@ -14,6 +14,7 @@ from testproject.services import UNAVAILABLE
 from tests.support.stores import (
     CACHE_STORES,
     DATABASE_STORES,
+    OTHER_STORES,
     open_store,
     require,
 )
@@ -34,9 +35,10 @@ def db_alias(request: pytest.FixtureRequest) -> str:
     return alias
 
 
-@pytest.fixture(params=[*DATABASE_STORES, *CACHE_STORES])
+@pytest.fixture(params=[*DATABASE_STORES, *CACHE_STORES, *OTHER_STORES])
 def backend(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A backend of each store: every database, and Redis through both cache clients."""
+    """A backend of each store: every database, Redis through both cache clients, and
+    ZooKeeper."""
     yield from open_store(request.param)
 
 

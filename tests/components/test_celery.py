@@ -28,7 +28,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_leader import LeadershipLost, LeaseHeld, current_lease
 from django_leader.backends.base import Backend
-from django_leader.backends.cache import CacheBackend
 from django_leader.backends.slots import Slot, entry_key
 from django_leader.celery import LeaderScheduler, singleton_task
 from django_leader.celery.beat import wrapped_scheduler_class
@@ -36,7 +35,7 @@ from django_leader.celery.tasks import release_abandoned, singleton_spec, task_i
 from django_leader.lease import LossReason, clock
 from django_leader.term import resolve_backend
 from testproject.celery import app as project_app  # noqa: F401
-from tests.support.stores import stores_db
+from tests.support.stores import store_settings, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = [stores_db]
@@ -46,12 +45,7 @@ pytestmark = [stores_db]
 def store(backend: Any, settings: Any) -> Iterator[Any]:
     """Make ``backend``'s store the one of the settings (singleton_task and the beat use
     the settings' backend)."""
-    conf = dict(settings.DJANGO_LEADER)
-    if isinstance(backend, CacheBackend):
-        conf.update(BACKEND="django_leader.backends.cache.CacheBackend", CACHE=backend.alias)
-    else:
-        conf.update(BACKEND="django_leader.backends.db.DatabaseBackend", DATABASE=backend.alias)
-    settings.DJANGO_LEADER = conf
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER, **store_settings(backend)}
     yield backend
     # singleton_task's locks use the settings' backend from this thread: close its
     # connection, or the test database cannot be dropped at the end of the session.

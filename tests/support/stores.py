@@ -36,6 +36,48 @@ DATABASE_STORES = {"sqlite": "default", "postgresql": "postgresql", "mysql": "my
 #: pytest id -> cache alias of every Redis cache backend under test
 CACHE_STORES = {"redis": "redis", "django-redis": "django_redis"}
 
+#: pytest ids of the stores that are neither a database nor a cache (ZooKeeper).
+OTHER_STORES = ["zookeeper"]
+
+
+def require_zookeeper() -> dict[str, Any]:
+    """The tests' ZooKeeper settings (``settings.ZOOKEEPER``: hosts, and a root of this test
+    run's own); skip (or, in CI, fail) when it does not answer."""
+    if settings.ZOOKEEPER is not None:
+        return dict(settings.ZOOKEEPER)
+    reason = UNAVAILABLE.get("zookeeper", "zookeeper: not configured")
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service missing: {reason}")
+    pytest.skip(f"service unavailable: {reason}")
+
+
+def store_settings(backend: Any) -> dict[str, Any]:
+    """The ``DJANGO_LEADER`` keys that make ``backend``'s store the settings' one."""
+    from django_leader.backends.cache import CacheBackend
+    from django_leader.backends.zookeeper import ZooKeeperBackend
+
+    if isinstance(backend, ZooKeeperBackend):
+        return {
+            "BACKEND": "django_leader.backends.zookeeper.ZooKeeperBackend",
+            "ZOOKEEPER": {"HOSTS": backend.conf.hosts, "ROOT": backend.root},
+        }
+    if isinstance(backend, CacheBackend):
+        return {"BACKEND": "django_leader.backends.cache.CacheBackend", "CACHE": backend.alias}
+    return {"BACKEND": "django_leader.backends.db.DatabaseBackend", "DATABASE": backend.alias}
+
+
+def zookeeper_backend(**kwargs: Any) -> Any:
+    """A ZooKeeperBackend on the tests' ZooKeeper and root (a new root is initialized:
+    no lock-delay for a store never used); ``shutdown()`` it when done."""
+    from django_leader.backends.zookeeper import ZooKeeperBackend
+
+    conf = require_zookeeper()
+    kwargs.setdefault("hosts", conf["HOSTS"])
+    kwargs.setdefault("root", conf["ROOT"])
+    store = ZooKeeperBackend(**kwargs)
+    store.initialize()
+    return store
+
 
 def require(alias: str, kind: str = "database") -> None:
     """Skip (or, in CI, fail) unless database (or cache) ``alias`` is configured."""
@@ -53,6 +95,12 @@ def open_store(store_id: str) -> Iterator[Any]:
     from django_leader.backends.base import Backend
 
     store: Backend
+    if store_id == "zookeeper":
+        store = zookeeper_backend()
+        yield store
+        store.flush_history(10)
+        store.shutdown()  # type: ignore[attr-defined]
+        return
     if store_id in DATABASE_STORES:
         from django_leader.backends.db import DatabaseBackend
 
@@ -105,7 +153,14 @@ def wipe(backend: Any, name: str) -> None:
     from django.db import connections
 
     from django_leader.backends.cache import CacheBackend
+    from django_leader.backends.zookeeper import ZooKeeperBackend
 
+    if isinstance(backend, ZooKeeperBackend):
+        # ZooKeeper loses state as a whole (a wiped or restored ensemble): the name's
+        # znodes and the store marker go, as with a new ensemble.
+        backend.client.delete(backend._name_path(name), recursive=True)
+        backend.client.delete(f"{backend.root}/store")
+        return
     if isinstance(backend, CacheBackend):
         # This lease's keys only (what a restart without persistence loses for it): a
         # FLUSHDB would also pull the leases of any other run sharing this Redis.
@@ -135,7 +190,13 @@ def child_env(backend: Any, **extra: str) -> dict[str, str]:
         "DJANGO_LEADER_TEST_DB_NAMES": json.dumps(names),
         **extra,
     }
-    if isinstance(backend, CacheBackend):
+    from django_leader.backends.zookeeper import ZooKeeperBackend
+
+    if isinstance(backend, ZooKeeperBackend):
+        env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.zookeeper.ZooKeeperBackend"
+        env["DJANGO_LEADER_ZOOKEEPER_HOSTS"] = backend.conf.hosts
+        env["DJANGO_LEADER_ZOOKEEPER_ROOT"] = backend.root
+    elif isinstance(backend, CacheBackend):
         env["DJANGO_LEADER_BACKEND"] = "django_leader.backends.cache.CacheBackend"
         env["DJANGO_LEADER_CACHE"] = backend.alias
     else:

@@ -1,0 +1,1144 @@
+"""Leases in ZooKeeper (on kazoo): a consensus store that survives the loss of a server.
+
+:class:`ZooKeeperBackend`, configured by ``DJANGO_LEADER["ZOOKEEPER"]`` (docs/
+zookeeper-backend.md). Every lease decision is one ZooKeeper write made conditional on the
+versions read just before it (a ``multi`` where it changes several znodes), so two
+contenders never both succeed; every time comes from the ensemble (a write's ``mtime``),
+never from a client clock.
+
+Znodes under ``ROOT`` (``/django-leader``), for a lease name ``N`` (percent-encoded):
+
+* ``names/N`` — the name's record, persistent: the last token, transitions, the last holder
+  and whether it released, the store epoch the token was issued in, a standing hand-over
+  request. Its version is the compare-and-set of every acquisition.
+* ``names/N/lease`` — the lease, **ephemeral**: holder, token, ttl. Created by the
+  acquisition (in the same ``multi`` as the record's update), its ``ctime`` is the
+  acquisition and its ``mtime`` the last renewal (a conditional ``set``), so it expires at
+  ``mtime + ttl`` by the ensemble's clock; a contender deletes an expired one (conditional on
+  its version) in the ``multi`` that takes the name. Being ephemeral, it also goes when the
+  holder's **session** ends: ZooKeeper's own failure detector. A session ends no sooner than
+  its timeout after the holder's last message, which came after its last renewal was sent,
+  and a lease is only granted for a ttl within the session timeout the ensemble granted,
+  so the holder's local deadline (send time of its last renewal + ttl - margin) always
+  comes first (docs/safety.md).
+* ``names/N/queue/c<digest>-<seq>`` — a candidate (fifo and priority elections),
+  **ephemeral sequential**: the sequence is the join order; the data what the candidate
+  said of itself, its ``mtime`` its last heartbeat. Each candidate that waits in a queue
+  watches only the node before its own (ZooKeeper's recipe: no herd), the head watches the
+  lease.
+* ``names/N/bells/<digest>`` — door bells: :meth:`ZooKeeperBackend.wake` writes one, and
+  the watchers it names are woken.
+* ``store`` — the store marker: the epoch and the end of a lock-delay. Missing (a new or a
+  wiped ensemble, a ``ROOT`` deleted by hand): the state may have been lost, so nobody may
+  take a lease for the lock-delay and tokens continue from the ensemble's clock in
+  microseconds, like the Redis backend's.
+* ``clock`` — written to read the ensemble's clock (its ``mtime``).
+
+Fencing tokens: the record's counter, incremented by the compare-and-set that grants the
+lease, so it survives a restart of the ensemble and the loss of any session (it is
+persistent and written through ZooKeeper's log before the grant is acknowledged). Why a
+counter rather than the lease node's ``czxid``: the counter goes up by one per grant like
+every other store's, and after a loss it continues from the clock (see docs/
+zookeeper-backend.md#fencing-tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote, unquote
+
+from ..conf import ZooKeeperSettings, get_settings, lock_delay
+from ..exceptions import BackendUnavailable, NotSupportedError
+from ..lease import EventKind, Lease
+from .base import Backend, Watch
+from .history import HistoryWriter
+
+if TYPE_CHECKING:
+    from django.core.checks import CheckMessage
+
+    from ..conf import LeaderSettings
+    from ..election import Candidate
+    from .zookeeper_slots import ZooKeeperSlots
+
+logger = logging.getLogger("django_leader")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+
+#: How sure a clock estimate must be (seconds) to decide "not expired yet" without writing
+#: the clock znode; closer calls read the ensemble's clock.
+ESTIMATE_SLACK = 0.25
+#: How long a clock estimate is trusted before the clock znode is written again.
+ESTIMATE_AGE = 30.0
+
+
+def _time(ms: int | float) -> datetime:
+    return _EPOCH + timedelta(milliseconds=int(ms))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def encode_name(name: str) -> str:
+    """A lease name as one znode name (percent-encoded; '.' too, since '.' and '..' are
+    not znode names)."""
+    return quote(name, safe="").replace(".", "%2E")
+
+
+def kazoo_module() -> Any:
+    try:
+        import kazoo.client
+    except ImportError:  # pragma: no cover - depends on the environment
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            "django_leader's ZooKeeper backend needs kazoo: pip install 'django-leader[zookeeper]'"
+        ) from None
+    return kazoo
+
+
+def _acl(conf: ZooKeeperSettings) -> list[Any] | None:
+    from kazoo.security import ACL, CREATOR_ALL_ACL, Id, make_acl
+
+    if conf.acl is None:
+        return None
+    if conf.acl == "creator":
+        return list(CREATOR_ALL_ACL)
+    acls = []
+    for entry in conf.acl:
+        scheme_id, perms = entry.rsplit(":", 1)
+        scheme, ident = scheme_id.split(":", 1)
+        flags = {
+            "read": "r" in perms,
+            "write": "w" in perms,
+            "create": "c" in perms,
+            "delete": "d" in perms,
+            "admin": "a" in perms,
+        }
+        acls.append(make_acl(scheme, ident, **flags))
+    assert all(isinstance(acl, ACL) and isinstance(acl.id, Id) for acl in acls)
+    return acls
+
+
+class _Session:
+    """One kazoo client (one ZooKeeper session) and the session timeout it was granted."""
+
+    def __init__(self, conf: ZooKeeperSettings, timeout: float, on_state: Callable) -> None:
+        kazoo = kazoo_module()
+        self.requested = timeout
+        #: Seconds the ensemble granted (None until the first connection).
+        self.granted: float | None = None
+        self.client = kazoo.client.KazooClient(
+            hosts=conf.hosts,
+            timeout=timeout,
+            auth_data=list(conf.auth) or None,
+            default_acl=_acl(conf),
+            # Reconnect forever, in the background; each call has its own bound.
+            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
+            command_retry=None,
+        )
+        self._wrap_connect()
+        self.client.add_listener(on_state)
+        self.started = self.client.start_async()
+
+    def _wrap_connect(self) -> None:
+        """Learn the session timeout the ensemble granted (it may clamp the one asked to its
+        min/maxSessionTimeout): kazoo keeps it only as the read timeout, 2/3 of it."""
+        connection = getattr(self.client, "_connection", None)
+        connect = getattr(connection, "_connect", None)
+        if connection is None or connect is None:  # pragma: no cover - another kazoo
+            return
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            result = connect(*args, **kwargs)
+            self.granted = result[0] * 1.5 / 1000.0
+            return result
+
+        connection._connect = recording
+
+
+class ZooKeeperBackend(Backend):
+    """Leases in the ZooKeeper ensemble of ``DJANGO_LEADER["ZOOKEEPER"]``."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = None,
+        root: str | None = None,
+        hosts: str | None = None,
+        session_timeout: float | None = None,
+    ) -> None:
+        conf = get_settings()
+        base = conf.zookeeper or _default_zookeeper()
+        self.conf = ZooKeeperSettings(
+            hosts=hosts or base.hosts,
+            root=root or base.root,
+            session_timeout=session_timeout or base.session_timeout,
+            connect_timeout=base.connect_timeout,
+            auth=base.auth,
+            acl=base.acl,
+        )
+        self.timeout = timeout or conf.timing.call_timeout
+        self.root = self.conf.root
+        self.history_database = conf.database if conf.history else None
+        self._history = HistoryWriter(conf.database) if conf.history else None
+        self._lock = threading.Lock()
+        self._sessions: dict[float, _Session] = {}
+        self._default_timeout = float(self.conf.session_timeout or conf.timing.ttl)
+        #: (ensemble ms, time.monotonic()) of the latest write seen: the clock estimate.
+        self._clock: tuple[int, float] | None = None
+        #: (name, holder, token) -> (version, mtime ms, ttl ms) of the lease node we wrote.
+        self._versions: dict[tuple[str, str, int], tuple[int, int, int]] = {}
+        #: (name, identity) -> path of our candidate node.
+        self._mine: dict[tuple[str, str], str] = {}
+        self._made: set[str] = set()
+        self._hub: _Hub | None = None
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperBackend {self.conf.hosts!r} {self.root!r}>"
+
+    # -- connection -------------------------------------------------------------------------
+    def _session(self, ttl: float | None = None) -> _Session:
+        """The session whose timeout covers ``ttl`` (the default one for None), connected
+        within the call bound, else BackendUnavailable."""
+        if self._pid != os.getpid():
+            self._forked()
+        wanted = self._default_timeout
+        if ttl is not None and ttl > wanted:
+            wanted = float(math.ceil(ttl))
+        with self._lock:
+            session = self._sessions.get(wanted)
+            if session is None:
+                session = _Session(self.conf, wanted, self._state_changed)
+                self._sessions[wanted] = session
+        if not session.client.connected:
+            bound = self.conf.connect_timeout or self.timeout
+            session.started.wait(bound)
+            if not session.client.connected:
+                raise BackendUnavailable(
+                    f"zookeeper {self.conf.hosts!r}: not connected (session state "
+                    f"{session.client.state})"
+                )
+        if ttl is not None and session.granted is not None and session.granted < ttl:
+            raise NotSupportedError(
+                f"zookeeper {self.conf.hosts!r} granted a session timeout of "
+                f"{session.granted:g}s, shorter than the lease ttl {ttl:g}s: the session's end "
+                "would free the lease before its holder steps down. Use a shorter ttl, or "
+                "raise the ensemble's maxSessionTimeout (20 x tickTime by default)."
+            )
+        return session
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's sessions are the parent's (their threads did not
+        come along, and closing them would end the parent's session): start afresh."""
+        with self._lock:
+            self._pid = os.getpid()
+            self._sessions = {}
+            self._hub = None
+            self._versions.clear()
+            self._mine.clear()
+
+    @property
+    def client(self) -> Any:
+        return self._session().client
+
+    def _state_changed(self, state: str) -> None:
+        hub = self._hub
+        if hub is not None:
+            hub.state_changed(state)
+
+    def _wait(self, result: Any) -> Any:
+        """The outcome of a kazoo async call within the call bound."""
+        from kazoo.exceptions import (
+            ConnectionClosedError,
+            ConnectionLoss,
+            OperationTimeoutError,
+            SessionExpiredError,
+        )
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        try:
+            return result.get(timeout=self.timeout)
+        except KazooTimeoutError as exc:
+            raise BackendUnavailable(
+                f"zookeeper {self.conf.hosts!r}: no answer within {self.timeout:g}s"
+            ) from exc
+        except (
+            ConnectionLoss,
+            SessionExpiredError,
+            ConnectionClosedError,
+            OperationTimeoutError,
+        ) as exc:
+            raise BackendUnavailable(f"zookeeper {self.conf.hosts!r}: {exc!r}") from exc
+
+    def _get(self, client: Any, path: str) -> tuple[dict[str, Any], Any] | None:
+        """``(data, stat)`` of ``path``, or None if it does not exist."""
+        return self._read_result(client.get_async(path))
+
+    def _read_result(self, result: Any) -> tuple[dict[str, Any], Any] | None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            raw, stat = self._wait(result)
+        except NoNodeError:
+            return None
+        return (json.loads(raw) if raw else {}), stat
+
+    def _ensure(self, client: Any, path: str) -> None:
+        """Create ``path`` (and its parents) if missing; remembered once made."""
+        if path in self._made:
+            return
+        from kazoo.exceptions import NodeExistsError
+
+        with suppress(NodeExistsError):
+            self._wait(client.create_async(path, b"", makepath=True))
+        self._made.add(path)
+
+    def _seen(self, mtime: int) -> None:
+        """A write's ``mtime``: the ensemble's clock when it was applied."""
+        self._clock = (int(mtime), time.monotonic())
+
+    # -- paths ------------------------------------------------------------------------------
+    def _name_path(self, name: str) -> str:
+        return f"{self.root}/names/{encode_name(name)}"
+
+    def _lease_path(self, name: str) -> str:
+        return f"{self._name_path(name)}/lease"
+
+    def _queue_path(self, name: str) -> str:
+        return f"{self._name_path(name)}/queue"
+
+    def _bell_path(self, name: str, identity: str | None) -> str:
+        return f"{self._name_path(name)}/bells/{_digest(identity) if identity else 'all'}"
+
+    # -- the ensemble's clock ---------------------------------------------------------------
+    def _now_ms(self) -> int:
+        """The ensemble's clock now: a write to the clock znode, whose ``mtime`` it is."""
+        from kazoo.exceptions import NoNodeError
+
+        client = self.client
+        path = f"{self.root}/clock"
+        try:
+            stat = self._wait(client.set_async(path, b""))
+        except NoNodeError:
+            self._made.discard(path)
+            self._ensure(client, path)
+            stat = self._wait(client.set_async(path, b""))
+        self._seen(stat.mtime)
+        return int(stat.mtime)
+
+    def now(self) -> datetime:
+        return _time(self._now_ms())
+
+    def _estimate_ms(self) -> int | None:
+        if self._clock is None:
+            return None
+        at, seen = self._clock
+        age = time.monotonic() - seen
+        if age > ESTIMATE_AGE:
+            return None
+        return at + int(age * 1000)
+
+    def _passed(self, until_ms: int) -> tuple[bool, int]:
+        """Has the ensemble's clock passed ``until_ms``? ``(passed, now_ms)``. A clock
+        estimate (the last write's ``mtime`` plus the time since) answers "not yet" when
+        it is sure by :data:`ESTIMATE_SLACK`; otherwise the clock znode is written. Only a
+        reading of the ensemble's clock ever answers "passed"."""
+        estimate = self._estimate_ms()
+        if estimate is not None and estimate + ESTIMATE_SLACK * 1000 < until_ms:
+            return False, estimate
+        now = self._now_ms()
+        return now >= until_ms, now
+
+    # -- the store marker -------------------------------------------------------------------
+    def _store_marker(self, client: Any, ttl: float) -> dict[str, Any]:
+        """The store marker; written anew (with a lock-delay) if missing."""
+        from kazoo.exceptions import NodeExistsError
+
+        path = f"{self.root}/store"
+        found = self._get(client, path)
+        if found is not None:
+            return found[0]
+        self._ensure(client, self.root)
+        now = self._now_ms()
+        delay = lock_delay(ttl)
+        marker = {"epoch": now, "fence": now + _ms(delay)}
+        try:
+            self._wait(client.create_async(path, json.dumps(marker).encode()))
+        except NodeExistsError:
+            found = self._get(client, path)
+            return found[0] if found is not None else marker
+        logger.warning(
+            "zookeeper %r %r has no store marker (new, wiped, restored or ROOT deleted): "
+            "no lease on it may be taken for the lock-delay of %.1fs, so that every holder "
+            "that could still believe it leads has stepped down",
+            self.conf.hosts,
+            self.root,
+            delay,
+        )
+        return marker
+
+    def initialize(self) -> bool:
+        """Write the store marker of a ``ROOT`` never used before, **without** the
+        lock-delay a missing marker otherwise costs (nobody can hold a lease in a store that
+        never had one). True if this call wrote it, False if it was there. Only for a new
+        ``ROOT``: after a wipe or a restore, let the first acquisition notice the loss.
+        (``manage.py leader init-store``.)"""
+        from kazoo.exceptions import NodeExistsError
+
+        client = self.client
+        self._ensure(client, self.root)
+        now = self._now_ms()
+        marker = {"epoch": now, "fence": 0}
+        try:
+            self._wait(client.create_async(f"{self.root}/store", json.dumps(marker).encode()))
+        except NodeExistsError:
+            return False
+        return True
+
+    # -- lease operations -------------------------------------------------------------------
+    def _lease(
+        self, name: str, data: dict[str, Any], stat: Any, record: dict[str, Any] | None
+    ) -> Lease:
+        until = data.get("until")
+        expires = int(until) if until is not None else stat.mtime + int(data["ttl"])
+        return Lease(
+            name=name,
+            holder=str(data.get("holder", "")),
+            token=int(data["token"]),
+            transitions=int((record or {}).get("transitions", 0)),
+            acquired_at=_time(stat.ctime),
+            renewed_at=_time(stat.mtime),
+            expires_at=_time(expires),
+        )
+
+    @staticmethod
+    def _expiry(data: dict[str, Any], stat: Any) -> int:
+        until = data.get("until")
+        return int(until) if until is not None else int(stat.mtime) + int(data["ttl"])
+
+    def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
+        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+        session = self._session(ttl)
+        client = session.client
+        path, lease_path = self._name_path(name), self._lease_path(name)
+        marker_result = client.get_async(f"{self.root}/store")
+        record_result = client.get_async(path)
+        lease_result = client.get_async(lease_path)
+        marker = self._read_result(marker_result)
+        record_found = self._read_result(record_result)
+        current = self._read_result(lease_result)
+        store = marker[0] if marker is not None else self._store_marker(client, ttl)
+
+        fence = int(store.get("fence", 0))
+        if fence:
+            passed, _ = self._passed(fence)
+            if not passed:
+                return None, None
+        stale: tuple[dict[str, Any], Any] | None = None
+        if current is not None:
+            data, stat = current
+            passed, now = self._passed(self._expiry(data, stat))
+            if not passed:
+                if not data.get("holder"):  # force-released, its term still running
+                    return None, None
+                lease = self._lease(name, data, stat, record_found and record_found[0])
+                lease.read_at = _time(now)
+                return None, lease
+            stale = current
+        if record_found is None:
+            self._made.discard(path)
+            self._ensure(client, path)
+            record_found = self._get(client, path)
+            if record_found is None:
+                raise BackendUnavailable(f"zookeeper: {path} vanished")
+        record, record_stat = record_found
+        to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
+        if to and to != holder and until and not self._passed(until)[0]:
+            return None, None
+        token = record.get("token")
+        if token is None or record.get("epoch") != store.get("epoch"):
+            # A new name, or a counter that may be older than tokens already issued (the
+            # store lost state): continue from the ensemble's clock in microseconds.
+            token = max(int(token or 0), self._now_ms() * 1000)
+        token = int(token) + 1
+        previous = str(record.get("holder") or "")
+        released = bool(record.get("released", True))
+        if stale is not None:
+            previous, released = str(stale[0].get("holder") or previous), False
+            if not stale[0].get("holder"):
+                released = True
+        new_record = {
+            **record,
+            "name": name,
+            "token": token,
+            "holder": holder,
+            "released": False,
+            "epoch": store.get("epoch"),
+            "transitions": int(record.get("transitions", 0)) + 1,
+        }
+        new_record.pop("handover_to", None)
+        new_record.pop("handover_until", None)
+        lease_data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
+        transaction = client.transaction()
+        if stale is not None:
+            transaction.delete(lease_path, version=stale[1].version)
+        transaction.set_data(path, json.dumps(new_record).encode(), version=record_stat.version)
+        transaction.create(lease_path, json.dumps(lease_data).encode(), ephemeral=True)
+        pending = transaction.commit_async()
+        try:
+            results = self._wait(pending)
+        except BackendUnavailable:
+            # The grant may still be applied after we gave up: hand it back if it is.
+            pending.rawlink(lambda outcome: self._hand_back(outcome, name, holder, token))
+            raise
+        if any(isinstance(result, Exception) for result in results):
+            errors = [r for r in results if isinstance(r, Exception)]
+            if any(isinstance(e, (BadVersionError, NodeExistsError, NoNodeError)) for e in errors):
+                return None, self.read(name)
+            raise BackendUnavailable(f"zookeeper: acquisition of {name!r} failed: {errors!r}")
+        stat = results[-2]
+        self._seen(stat.mtime)
+        self._versions[(name, holder, token)] = (0, int(stat.mtime), _ms(ttl))
+        lease = Lease(
+            name=name,
+            holder=holder,
+            token=token,
+            transitions=new_record["transitions"],
+            acquired_at=_time(stat.mtime),
+            renewed_at=_time(stat.mtime),
+            expires_at=_time(stat.mtime + _ms(ttl)),
+            previous_holder=previous,
+        )
+        taken_over = bool(previous) and not released
+        if not taken_over:
+            lease.previous_holder = ""
+        self._record(
+            EventKind.TAKEN_OVER if taken_over else EventKind.ACQUIRED,
+            lease,
+            lease.acquired_at,
+            detail=f"lease of {previous} had expired" if taken_over else "",
+        )
+        return lease, lease
+
+    def _hand_back(self, outcome: Any, name: str, holder: str, token: int) -> None:
+        try:
+            results = outcome.get_nowait()
+        except Exception:
+            return
+        if any(isinstance(result, Exception) for result in results):
+            return
+        stat = results[-2]
+        ttl = self._versions.get((name, holder, token), (0, 0, 1000))[2]
+        lease = Lease(name, holder, token, _time(stat.mtime), None, None, 0)
+        self._versions[(name, holder, token)] = (0, int(stat.mtime), ttl)
+        threading.Thread(target=self._release_quietly, args=(lease,), daemon=True).start()
+
+    def _release_quietly(self, lease: Lease) -> None:
+        try:
+            self.release(lease)
+        except Exception:  # pragma: no cover - best effort; the lease expires anyway
+            logger.debug("handing back a late grant of %r failed", lease.name, exc_info=True)
+
+    def _held_version(self, client: Any, lease: Lease) -> tuple[int, int, int] | None:
+        """``(version, mtime, ttl)`` of ``lease``'s node if it is still ``lease.holder``'s
+        with ``lease.token``; None if not."""
+        key = (lease.name, lease.holder, lease.token)
+        known = self._versions.get(key)
+        if known is not None:
+            return known
+        found = self._get(client, self._lease_path(lease.name))
+        if found is None:
+            return None
+        data, stat = found
+        if data.get("holder") != lease.holder or int(data.get("token", -1)) != lease.token:
+            return None
+        if data.get("until") is not None:
+            return None
+        return int(stat.version), int(stat.mtime), int(data["ttl"])
+
+    def renew(self, lease: Lease, ttl: float) -> Lease | None:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        client = self.client
+        key = (lease.name, lease.holder, lease.token)
+        for attempt in range(2):
+            known = self._held_version(client, lease)
+            if known is None:
+                return None
+            version, mtime, old_ttl = known
+            if self._estimate_ms() is not None and self._passed(mtime + old_ttl)[0]:
+                self._versions.pop(key, None)
+                return None
+            data = {"holder": lease.holder, "token": lease.token, "ttl": _ms(ttl)}
+            record_result = client.get_async(self._name_path(lease.name))
+            try:
+                stat = self._wait(
+                    client.set_async(
+                        self._lease_path(lease.name), json.dumps(data).encode(), version=version
+                    )
+                )
+            except NoNodeError:
+                self._versions.pop(key, None)
+                return None
+            except BadVersionError:
+                self._versions.pop(key, None)
+                if attempt:
+                    return None
+                continue
+            self._seen(stat.mtime)
+            if stat.mtime >= mtime + old_ttl:
+                # It had expired before this renewal reached the ensemble: not renewed.
+                self._versions.pop(key, None)
+                with_version = client.delete_async(self._lease_path(lease.name), stat.version)
+                with_version.rawlink(lambda _: None)
+                return None
+            self._versions[key] = (int(stat.version), int(stat.mtime), _ms(ttl))
+            record_found = self._read_result(record_result)
+            record = record_found[0] if record_found else {}
+            renewed = self._lease(lease.name, data, stat, record)
+            to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
+            renewed.handover_to = str(to) if to and until > stat.mtime else ""
+            return renewed
+        return None  # pragma: no cover
+
+    def release(self, lease: Lease) -> bool:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        client = self.client
+        key = (lease.name, lease.holder, lease.token)
+        for attempt in range(3):
+            known = self._held_version(client, lease)
+            if known is None:
+                return False
+            found = self._get(client, self._name_path(lease.name))
+            if found is None:
+                return False
+            record, record_stat = found
+            record = {**record, "released": True}
+            transaction = client.transaction()
+            transaction.delete(self._lease_path(lease.name), version=known[0])
+            transaction.set_data(
+                self._name_path(lease.name),
+                json.dumps(record).encode(),
+                version=record_stat.version,
+            )
+            results = self._wait(transaction.commit_async())
+            errors = [r for r in results if isinstance(r, Exception)]
+            if not errors:
+                self._versions.pop(key, None)
+                self._seen(results[1].mtime)
+                self._record(EventKind.RELEASED, lease, _time(results[1].mtime))
+                return True
+            if isinstance(errors[0], (NoNodeError,)) or (
+                isinstance(errors[0], BadVersionError) and key in self._versions and attempt
+            ):
+                self._versions.pop(key, None)
+            elif not isinstance(errors[0], BadVersionError):
+                raise BackendUnavailable(f"zookeeper: release of {lease.name!r}: {errors!r}")
+            self._versions.pop(key, None)
+        return False
+
+    def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        client = self.client
+        for _ in range(5):
+            found = self._get(client, self._lease_path(name))
+            record_found = self._get(client, self._name_path(name))
+            if found is None or record_found is None or not found[0].get("holder"):
+                return None
+            data, stat = found
+            until = self._expiry(data, stat)
+            if self._passed(until)[0]:
+                return None
+            lease = self._lease(name, data, stat, record_found[0])
+            transaction = client.transaction()
+            # No holder, but the term is not cut short: nobody may take it before it ends.
+            transaction.set_data(
+                self._lease_path(name),
+                json.dumps({**data, "holder": "", "until": until}).encode(),
+                version=stat.version,
+            )
+            transaction.set_data(
+                self._name_path(name),
+                json.dumps({**record_found[0], "released": True}).encode(),
+                version=record_found[1].version,
+            )
+            results = self._wait(transaction.commit_async())
+            errors = [r for r in results if isinstance(r, Exception)]
+            if errors:
+                if isinstance(errors[0], (BadVersionError, NoNodeError)):
+                    continue
+                raise BackendUnavailable(f"zookeeper: force release of {name!r}: {errors!r}")
+            self._seen(results[0].mtime)
+            self._versions.pop((name, lease.holder, lease.token), None)
+            self._record(
+                EventKind.FORCED_RELEASE, lease, _time(results[0].mtime), detail=detail, actor=actor
+            )
+            return lease
+        raise BackendUnavailable(f"zookeeper: force release of {name!r} kept conflicting")
+
+    def read(self, name: str) -> Lease | None:
+        client = self.client
+        lease_result = client.get_async(self._lease_path(name))
+        record_result = client.get_async(self._name_path(name))
+        found = self._read_result(lease_result)
+        record_found = self._read_result(record_result)
+        if found is None or not found[0].get("holder"):
+            return None
+        data, stat = found
+        passed, now = self._passed(self._expiry(data, stat))
+        if passed:
+            return None
+        lease = self._lease(name, data, stat, record_found and record_found[0])
+        lease.read_at = _time(now)
+        record = record_found[0] if record_found else {}
+        to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
+        lease.handover_to = str(to) if to and until > now else ""
+        return lease
+
+    def names(self) -> list[str]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            children = self._wait(self.client.get_children_async(f"{self.root}/names"))
+        except NoNodeError:
+            return []
+        return sorted(unquote(child) for child in children)
+
+    # -- candidates -------------------------------------------------------------------------
+    def _queue(self, client: Any, name: str) -> list[str]:
+        """The candidate node names of ``name`` in join order."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            children = self._wait(client.get_children_async(self._queue_path(name)))
+        except NoNodeError:
+            return []
+        return sorted(children, key=lambda child: child.rsplit("-", 1)[-1])
+
+    def _my_node(self, client: Any, name: str, identity: str) -> str | None:
+        """The node name of ``identity``'s candidacy for ``name`` (None if it has none)."""
+        prefix = f"c{_digest(identity)}-"
+        mine = [child for child in self._queue(client, name) if child.startswith(prefix)]
+        return mine[0] if mine else None
+
+    def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        client = self._session(ttl).client
+        info = {
+            "identity": candidate.identity,
+            "priority": candidate.priority,
+            "host": candidate.host,
+            "pid": candidate.pid,
+            "version": candidate.version,
+            "ttl": _ms(ttl),
+        }
+        raw = json.dumps(info).encode()
+        key = (name, candidate.identity)
+        node = self._mine.get(key) or self._my_node(client, name, candidate.identity)
+        if node is not None:
+            try:
+                stat = self._wait(client.set_async(f"{self._queue_path(name)}/{node}", raw))
+            except NoNodeError:
+                node = None  # its session ended or it expired: join again, at the tail
+            else:
+                self._seen(stat.mtime)
+                self._mine[key] = node
+                return
+        self._ensure(client, self._queue_path(name))
+        created = self._wait(
+            client.create_async(
+                f"{self._queue_path(name)}/c{_digest(candidate.identity)}-",
+                raw,
+                ephemeral=True,
+                sequence=True,
+            )
+        )
+        self._mine[key] = created.rsplit("/", 1)[-1]
+
+    def withdraw(self, name: str, identity: str) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        client = self.client
+        node = self._mine.pop((name, identity), None) or self._my_node(client, name, identity)
+        if node is None:
+            return
+        with suppress(NoNodeError):
+            self._wait(client.delete_async(f"{self._queue_path(name)}/{node}"))
+
+    def candidates(self, name: str) -> list[Candidate] | None:
+        from kazoo.exceptions import NoNodeError
+
+        from ..election import Candidate
+
+        client = self.client
+        nodes = self._queue(client, name)
+        results = [client.get_async(f"{self._queue_path(name)}/{node}") for node in nodes]
+        found = []
+        for node, result in zip(nodes, results, strict=True):
+            try:
+                raw, stat = self._wait(result)
+            except NoNodeError:
+                continue
+            info = json.loads(raw)
+            expires = int(stat.mtime) + int(info.get("ttl", 0))
+            if self._passed(expires)[0]:
+                client.delete_async(f"{self._queue_path(name)}/{node}", stat.version)
+                continue
+            found.append(
+                Candidate(
+                    identity=str(info["identity"]),
+                    priority=int(info.get("priority", 0)),
+                    host=str(info.get("host", "")),
+                    pid=int(info.get("pid", 0)),
+                    version=str(info.get("version", "")),
+                    seq=int(node.rsplit("-", 1)[-1]),
+                    joined_at=_time(stat.ctime),
+                    seen_at=_time(stat.mtime),
+                    expires_at=_time(expires),
+                )
+            )
+        return found
+
+    # -- wake-ups and hand-over -------------------------------------------------------------
+    def watch(
+        self, name: str, callback: Callable[[], None], *, identity: str | None = None
+    ) -> Watch | None:
+        """ZooKeeper watches: a race watcher watches the lease node (woken when it goes)
+        and the name's door bell; a queued candidate watches its own bell and the node
+        before its own in the queue (the head: the lease node)."""
+        with self._lock:
+            if self._hub is None:
+                self._hub = _Hub(self)
+            hub = self._hub
+        return hub.watch(name, identity, callback)
+
+    def wake(self, name: str, identity: str | None = None) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        with suppress(NoNodeError):  # nobody watches it
+            self._wait(self.client.set_async(self._bell_path(name, identity), b""))
+
+    def request_handover(
+        self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
+    ) -> Lease | None:
+        from kazoo.exceptions import BadVersionError
+
+        client = self.client
+        path = self._name_path(name)
+        self._ensure(client, path)
+        for _ in range(10):
+            found = self._get(client, path)
+            if found is None:
+                continue
+            record, stat = found
+            now = self._now_ms()
+            updated = {**record, "handover_to": to, "handover_until": now + _ms(window)}
+            try:
+                self._wait(
+                    client.set_async(path, json.dumps(updated).encode(), version=stat.version)
+                )
+            except BadVersionError:
+                continue
+            lease = self.read(name)
+            self._record(
+                EventKind.HANDOVER,
+                lease or Lease(name, "", 0, None, None, None, 0),
+                _time(now),
+                detail=detail or f"to {to}",
+                actor=actor,
+            )
+            return lease
+        raise BackendUnavailable(f"zookeeper: hand-over request for {name!r} kept conflicting")
+
+    # -- history ----------------------------------------------------------------------------
+    def record(self, kind: str, lease: Lease, detail: str = "") -> None:
+        self._record(kind, lease, None, detail=detail)
+
+    def _record(
+        self, kind: str, lease: Lease, at: datetime | None, detail: str = "", actor: str = ""
+    ) -> None:
+        if self._history is not None:
+            self._history.record(kind, lease, at, detail=detail, actor=actor)
+
+    def flush_history(self, timeout: float | None = None) -> bool:
+        return self._history.flush(timeout) if self._history is not None else True
+
+    # -- beat slot records ------------------------------------------------------------------
+    #: Beat slot records are znodes beside the lease's, written in a ``multi`` that checks
+    #: the lease znode's version first.
+    shared_slots: ClassVar[bool] = True
+
+    def slots(self) -> ZooKeeperSlots:
+        from .zookeeper_slots import ZooKeeperSlots
+
+        return ZooKeeperSlots(self)
+
+    # -- what the admin and the checks need -------------------------------------------------
+    def describe(self) -> str:
+        history = self.history_database or get_settings().database
+        return (
+            f"{type(self).__name__} {self.conf.hosts!r} {self.root!r}: live state read from "
+            f"the ensemble; history from database {history!r}."
+        )
+
+    @classmethod
+    def check_configuration(cls, conf: LeaderSettings) -> list[CheckMessage]:
+        """E005: kazoo must be installed; E006: a lease ttl above the session timeout."""
+        from django.core.checks import Error
+
+        try:
+            import kazoo  # noqa: F401
+        except ImportError:
+            return [
+                Error(
+                    "DJANGO_LEADER['BACKEND'] is the ZooKeeper backend, but kazoo is not installed",
+                    hint="pip install 'django-leader[zookeeper]'",
+                    id="django_leader.E005",
+                )
+            ]
+        zk = conf.zookeeper or _default_zookeeper()
+        if zk.session_timeout is not None and zk.session_timeout < conf.timing.ttl:
+            return [
+                Error(
+                    f"DJANGO_LEADER['ZOOKEEPER']['SESSION_TIMEOUT'] ({zk.session_timeout:g}s) "
+                    f"is shorter than LEASE_TTL ({conf.timing.ttl:g}s): a session may end, "
+                    "and free the lease, while its holder still believes it leads",
+                    hint="Set SESSION_TIMEOUT >= LEASE_TTL, or leave it None (= LEASE_TTL).",
+                    id="django_leader.E006",
+                )
+            ]
+        return []
+
+    def ping(self, timeout: float) -> float:
+        """Connect (within ``timeout``) and return the session timeout the ensemble granted
+        (seconds); BackendUnavailable if it does not answer. For the system check."""
+        session = self._sessions.get(self._default_timeout)
+        if session is None:
+            with self._lock:
+                session = self._sessions.setdefault(
+                    self._default_timeout,
+                    _Session(self.conf, self._default_timeout, self._state_changed),
+                )
+        session.started.wait(timeout)
+        if not session.client.connected:
+            raise BackendUnavailable(
+                f"zookeeper {self.conf.hosts!r}: no answer within {timeout:g}s"
+            )
+        self._now_ms()
+        return session.granted or self._default_timeout
+
+    def close(self) -> None:
+        """kazoo's connection is shared by threads: nothing per thread."""
+
+    def shutdown(self) -> None:
+        """End every session (its ephemeral leases and candidacies go at once) and the
+        watch thread. The backend reconnects if used again."""
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+            hub, self._hub = self._hub, None
+        if hub is not None:
+            hub.stop()
+        for session in sessions:
+            try:
+                session.client.stop()
+                session.client.close()
+            except Exception:  # pragma: no cover - best effort
+                logger.debug("closing a ZooKeeper session failed", exc_info=True)
+        self._versions.clear()
+        self._mine.clear()
+
+
+def _default_zookeeper() -> ZooKeeperSettings:
+    from ..conf import _validate_zookeeper
+
+    settings = _validate_zookeeper({})
+    assert settings is not None
+    return settings
+
+
+class _ZkWatch:
+    def __init__(self, hub: _Hub, name: str, identity: str | None, callback: Callable) -> None:
+        self.hub = hub
+        self.name = name
+        self.identity = identity
+        self.callback = callback
+        self.closed = False
+        #: The connection generation this watch was last armed in.
+        self.armed_in = -1
+        #: The node before ours in the queue when last armed ("" for the head; None: none).
+        self.predecessor: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return not self.closed and self.hub.connected() and self.armed_in == self.hub.generation
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.hub.forget(self)
+
+
+class _Hub:
+    """The watches of one backend, and the thread that arms them again after each event
+    (ZooKeeper watches fire once) and calls their callbacks. kazoo calls watch functions
+    on its own thread, which must not block: they only queue work for this one."""
+
+    def __init__(self, backend: ZooKeeperBackend) -> None:
+        self.backend = backend
+        self.watches: set[_ZkWatch] = set()
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.work: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.stopped = False
+        self.thread = threading.Thread(
+            target=self._run, name=f"leader-zk-watch:{backend.root}", daemon=True
+        )
+        self.thread.start()
+
+    def connected(self) -> bool:
+        session = self.backend._sessions.get(self.backend._default_timeout)
+        return session is not None and bool(session.client.connected)
+
+    def watch(self, name: str, identity: str | None, callback: Callable) -> _ZkWatch:
+        watch = _ZkWatch(self, name, identity, callback)
+        with self.lock:
+            self.watches.add(watch)
+        self.work.put(("arm", watch))
+        return watch
+
+    def forget(self, watch: _ZkWatch) -> None:
+        with self.lock:
+            self.watches.discard(watch)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.work.put(("stop", None))
+
+    def state_changed(self, state: str) -> None:
+        if state == "CONNECTED":
+            self.work.put(("resync", None))
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                kind, item = self.work.get(timeout=1.0)
+            except queue.Empty:
+                kind, item = "retry", None
+            if kind == "stop":
+                return
+            try:
+                if kind == "arm":
+                    self._arm(item, wake_if_moved=False)
+                elif kind == "fired":
+                    self._fired(*item)
+                elif kind in ("resync", "retry"):
+                    self._resync(kind == "resync")
+            except BackendUnavailable:
+                time.sleep(0.1)  # armed again at the next "retry" or "resync"
+            except Exception:  # pragma: no cover - never let the watch thread die
+                logger.exception("django_leader: ZooKeeper watch thread")
+
+    def _resync(self, reconnected: bool) -> None:
+        if reconnected:
+            self.generation += 1
+        with self.lock:
+            watches = [w for w in self.watches if w.armed_in != self.generation]
+        for watch in watches:
+            self._arm(watch, wake_if_moved=True)
+            if reconnected and watch.identity is None:
+                self._call(watch)  # a wake-up may have been missed meanwhile
+
+    def _call(self, watch: _ZkWatch) -> None:
+        if watch.closed:
+            return
+        try:
+            watch.callback()
+        except Exception:  # pragma: no cover - a callback's own error
+            logger.exception("django_leader: a wake-up callback failed")
+
+    def _event(self, watch: _ZkWatch, role: str) -> Callable[[Any], None]:
+        generation = self.generation
+
+        def fired(event: Any) -> None:
+            self.work.put(("fired", (watch, role, event, generation)))
+
+        return fired
+
+    def _fired(self, watch: _ZkWatch, role: str, event: Any, generation: int) -> None:
+        if watch.closed or generation != self.generation:
+            return
+        kind = getattr(event, "type", "NONE")
+        if kind == "NONE":  # the connection dropped: armed again once it is back
+            watch.armed_in = -1
+            return
+        if kind == ("CHANGED" if role == "bell" else "DELETED"):
+            self._call(watch)
+        if role == "bell" or kind != "DELETED":
+            self._arm_one(watch, role)
+        else:
+            self._arm(watch, wake_if_moved=False)
+
+    def _arm(self, watch: _ZkWatch, *, wake_if_moved: bool) -> None:
+        """Set every watch ``watch`` needs: its bell, and the lease node (a race watcher,
+        the head of a queue) or the node before its own."""
+        if watch.closed:
+            return
+        backend = self.backend
+        client = backend.client
+        generation = self.generation
+        backend._ensure(client, backend._bell_path(watch.name, watch.identity))
+        self._arm_one(watch, "bell")
+        role = "lease"
+        if watch.identity is not None:
+            nodes = backend._queue(client, watch.name)
+            prefix = f"c{_digest(watch.identity)}-"
+            mine = next((i for i, node in enumerate(nodes) if node.startswith(prefix)), None)
+            if mine is None:
+                previous: str | None = None
+            else:
+                previous = nodes[mine - 1] if mine > 0 else ""
+            if wake_if_moved and previous != watch.predecessor and watch.predecessor is not None:
+                self._call(watch)
+            watch.predecessor = previous
+            if previous is None:
+                role = ""  # not queued: only its bell
+            elif previous:
+                role = "predecessor"
+        if role:
+            self._arm_one(watch, role)
+        watch.armed_in = generation
+
+    def _arm_one(self, watch: _ZkWatch, role: str) -> None:
+        backend = self.backend
+        if role == "bell":
+            path = backend._bell_path(watch.name, watch.identity)
+        elif role == "lease":
+            path = backend._lease_path(watch.name)
+        else:
+            path = f"{backend._queue_path(watch.name)}/{watch.predecessor}"
+        stat = backend._wait(backend.client.exists_async(path, watch=self._event(watch, role)))
+        if role == "predecessor" and stat is None:
+            self._call(watch)  # gone before we could watch it
+            self._arm(watch, wake_if_moved=False)
