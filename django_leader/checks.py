@@ -205,6 +205,61 @@ def check_database(
     return []
 
 
+#: Seconds the ZooKeeper check waits for the ensemble when CONNECT_TIMEOUT is not set.
+ZOOKEEPER_CHECK_TIMEOUT = 3.0
+
+
+@register(Tags.database)
+@never_raises
+def check_zookeeper(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W017: the ZooKeeper ensemble does not answer within ``CONNECT_TIMEOUT`` (default
+    3 s); E007: it grants a session timeout shorter than ``LEASE_TTL``. A database check,
+    like E003: Django runs it only when asked to (``manage.py check --database default``,
+    ``migrate``), never on every command."""
+    from .backends.zookeeper import ZooKeeperBackend
+    from .conf import get_settings
+    from .exceptions import BackendUnavailable
+
+    if not databases:
+        return []
+    try:
+        conf = get_settings()
+        backend_class = import_string(conf.backend)
+    except (ImproperlyConfigured, ImportError):
+        return []  # reported by check_settings
+    if not (isinstance(backend_class, type) and issubclass(backend_class, ZooKeeperBackend)):
+        return []
+    zk = conf.zookeeper
+    timeout = (zk.connect_timeout if zk else None) or ZOOKEEPER_CHECK_TIMEOUT
+    backend = backend_class()
+    try:
+        granted = backend.ping(timeout)
+    except BackendUnavailable as exc:
+        return [
+            Warning(
+                f"the ZooKeeper ensemble does not answer within {timeout:g}s: {exc}",
+                hint="Check DJANGO_LEADER['ZOOKEEPER']['HOSTS'] and that the servers run.",
+                id="django_leader.W017",
+            )
+        ]
+    finally:
+        backend.shutdown()
+    if granted < conf.timing.ttl:
+        return [
+            Error(
+                f"the ZooKeeper ensemble grants a session timeout of {granted:g}s, shorter "
+                f"than LEASE_TTL ({conf.timing.ttl:g}s): leases of that ttl cannot be granted "
+                "(a session's end would free a lease before its holder steps down)",
+                hint="Lower LEASE_TTL, or raise the servers' maxSessionTimeout "
+                "(20 x tickTime by default).",
+                id="django_leader.E007",
+            )
+        ]
+    return []
+
+
 def _lease_database() -> str | None:
     from .conf import get_settings
 

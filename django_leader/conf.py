@@ -146,8 +146,9 @@ class ZooKeeperSettings:
     hosts: str
     #: The znode under which every lease, candidate and marker lives.
     root: str
-    #: Seconds asked of the ensemble for the session; None: ``LEASE_TTL``. A lease's ttl
-    #: must not exceed the timeout the ensemble grants (the session's end frees the lease).
+    #: Seconds asked of the ensemble for the session; None: 30 s, or ``LEASE_TTL`` if
+    #: longer. A lease's ttl must not exceed the timeout the ensemble grants (the session's
+    #: end frees the lease).
     session_timeout: float | None
     #: Seconds the first connection may take before a call reports the store unavailable
     #: (None: the call timeout); the client keeps trying in the background.
@@ -272,14 +273,8 @@ def _validate_zookeeper(raw: Any) -> ZooKeeperSettings | None:
             f"or a list of 'host:port', got {conf['HOSTS']!r}"
         )
     root = conf["ROOT"]
-    if (
-        not isinstance(root, str)
-        or not root.startswith("/")
-        or root == "/"
-        or root.endswith("/")
-        or "//" in root
-        or any(part in (".", "..", "zookeeper") for part in root.split("/")[1:2])
-    ):
+    parts = root.split("/")[1:] if isinstance(root, str) and root.startswith("/") else [""]
+    if any(part in ("", ".", "..") for part in parts) or parts[0] == "zookeeper":
         raise ImproperlyConfigured(
             "DJANGO_LEADER['ZOOKEEPER']['ROOT'] must be an absolute znode path such as "
             f"'/django-leader' (not '/', no trailing '/', not under /zookeeper), got {root!r}"

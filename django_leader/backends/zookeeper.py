@@ -79,6 +79,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
 #: How sure a clock estimate must be (seconds) to decide "not expired yet" without writing
 #: the clock znode; closer calls read the ensemble's clock.
 ESTIMATE_SLACK = 0.25
+#: The session timeout asked for when ``SESSION_TIMEOUT`` is None (or ``LEASE_TTL`` if
+#: longer). A lease expires by its own ttl, so a longer session costs no failover time; it
+#: only has to cover every ttl granted in it (ZooKeeper's default maxSessionTimeout is 40 s).
+DEFAULT_SESSION_TIMEOUT = 30.0
 #: How long a clock estimate is trusted before the clock znode is written again.
 ESTIMATE_AGE = 30.0
 
@@ -200,11 +204,14 @@ class ZooKeeperBackend(Backend):
         self._history = HistoryWriter(conf.database) if conf.history else None
         self._lock = threading.Lock()
         self._sessions: dict[float, _Session] = {}
-        self._default_timeout = float(self.conf.session_timeout or conf.timing.ttl)
+        self._default_timeout = float(
+            self.conf.session_timeout or max(conf.timing.ttl, DEFAULT_SESSION_TIMEOUT)
+        )
         #: (ensemble ms, time.monotonic()) of the latest write seen: the clock estimate.
         self._clock: tuple[int, float] | None = None
-        #: (name, holder, token) -> (version, mtime ms, ttl ms) of the lease node we wrote.
-        self._versions: dict[tuple[str, str, int], tuple[int, int, int]] = {}
+        #: (name, holder, token) -> (version, mtime ms, ttl ms, session timeout ms granted to
+        #: its owner, 0 if unknown) of a lease node we wrote.
+        self._versions: dict[tuple[str, str, int], tuple[int, int, int, int]] = {}
         #: (name, identity) -> path of our candidate node.
         self._mine: dict[tuple[str, str], str] = {}
         self._made: set[str] = set()
@@ -517,7 +524,7 @@ class ZooKeeperBackend(Backend):
             raise BackendUnavailable(f"zookeeper: acquisition of {name!r} failed: {errors!r}")
         stat = results[-2]
         self._seen(stat.mtime)
-        self._versions[(name, holder, token)] = (0, int(stat.mtime), _ms(ttl))
+        self._versions[(name, holder, token)] = (0, int(stat.mtime), _ms(ttl), _granted_ms(session))
         lease = Lease(
             name=name,
             holder=holder,
@@ -547,9 +554,8 @@ class ZooKeeperBackend(Backend):
         if any(isinstance(result, Exception) for result in results):
             return
         stat = results[-2]
-        ttl = self._versions.get((name, holder, token), (0, 0, 1000))[2]
         lease = Lease(name, holder, token, _time(stat.mtime), None, None, 0)
-        self._versions[(name, holder, token)] = (0, int(stat.mtime), ttl)
+        self._versions[(name, holder, token)] = (0, int(stat.mtime), 1000, 0)
         threading.Thread(target=self._release_quietly, args=(lease,), daemon=True).start()
 
     def _release_quietly(self, lease: Lease) -> None:
@@ -558,9 +564,9 @@ class ZooKeeperBackend(Backend):
         except Exception:  # pragma: no cover - best effort; the lease expires anyway
             logger.debug("handing back a late grant of %r failed", lease.name, exc_info=True)
 
-    def _held_version(self, client: Any, lease: Lease) -> tuple[int, int, int] | None:
-        """``(version, mtime, ttl)`` of ``lease``'s node if it is still ``lease.holder``'s
-        with ``lease.token``; None if not."""
+    def _held_version(self, client: Any, lease: Lease) -> tuple[int, int, int, int] | None:
+        """``(version, mtime, ttl, owner's session timeout or 0)`` of ``lease``'s node if it
+        is still ``lease.holder``'s with ``lease.token``; None if not."""
         key = (lease.name, lease.holder, lease.token)
         known = self._versions.get(key)
         if known is not None:
@@ -573,7 +579,15 @@ class ZooKeeperBackend(Backend):
             return None
         if data.get("until") is not None:
             return None
-        return int(stat.version), int(stat.mtime), int(data["ttl"])
+        owner = next(
+            (
+                _granted_ms(session)
+                for session in list(self._sessions.values())
+                if (session.client.client_id or (None,))[0] == stat.ephemeralOwner
+            ),
+            0,
+        )
+        return int(stat.version), int(stat.mtime), int(data["ttl"]), owner
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
         from kazoo.exceptions import BadVersionError, NoNodeError
@@ -584,7 +598,13 @@ class ZooKeeperBackend(Backend):
             known = self._held_version(client, lease)
             if known is None:
                 return None
-            version, mtime, old_ttl = known
+            version, mtime, old_ttl, granted = known
+            if _ms(ttl) > (granted or old_ttl):
+                raise NotSupportedError(
+                    f"cannot renew {lease.name!r} for {ttl:g}s: the session that holds it "
+                    f"ends {(granted or old_ttl) / 1000:g}s after its holder's last message "
+                    "(a lease is never longer than its session's timeout)"
+                )
             if self._estimate_ms() is not None and self._passed(mtime + old_ttl)[0]:
                 self._versions.pop(key, None)
                 return None
@@ -611,7 +631,7 @@ class ZooKeeperBackend(Backend):
                 with_version = client.delete_async(self._lease_path(lease.name), stat.version)
                 with_version.rawlink(lambda _: None)
                 return None
-            self._versions[key] = (int(stat.version), int(stat.mtime), _ms(ttl))
+            self._versions[key] = (int(stat.version), int(stat.mtime), _ms(ttl), granted)
             record_found = self._read_result(record_result)
             record = record_found[0] if record_found else {}
             renewed = self._lease(lease.name, data, stat, record)
@@ -934,13 +954,11 @@ class ZooKeeperBackend(Backend):
     def ping(self, timeout: float) -> float:
         """Connect (within ``timeout``) and return the session timeout the ensemble granted
         (seconds); BackendUnavailable if it does not answer. For the system check."""
-        session = self._sessions.get(self._default_timeout)
-        if session is None:
-            with self._lock:
-                session = self._sessions.setdefault(
-                    self._default_timeout,
-                    _Session(self.conf, self._default_timeout, self._state_changed),
-                )
+        with self._lock:
+            session = self._sessions.get(self._default_timeout)
+            if session is None:
+                session = _Session(self.conf, self._default_timeout, self._state_changed)
+                self._sessions[self._default_timeout] = session
         session.started.wait(timeout)
         if not session.client.connected:
             raise BackendUnavailable(
@@ -968,6 +986,11 @@ class ZooKeeperBackend(Backend):
                 logger.debug("closing a ZooKeeper session failed", exc_info=True)
         self._versions.clear()
         self._mine.clear()
+
+
+def _granted_ms(session: _Session) -> int:
+    """The session timeout granted to ``session`` in milliseconds (0 if not known yet)."""
+    return round(session.granted * 1000) if session.granted else 0
 
 
 def _default_zookeeper() -> ZooKeeperSettings:
