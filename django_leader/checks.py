@@ -215,7 +215,7 @@ def check_zookeeper(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """W017: the ZooKeeper ensemble does not answer within ``CONNECT_TIMEOUT`` (default
-    3 s); E007: it grants a session timeout shorter than ``LEASE_TTL``. A database check,
+    3 s). A database check,
     like E003: Django runs it only when asked to (``manage.py check --database default``,
     ``migrate``), never on every command."""
     from .backends.zookeeper import ZooKeeperBackend
@@ -235,7 +235,7 @@ def check_zookeeper(
     timeout = (zk.connect_timeout if zk else None) or ZOOKEEPER_CHECK_TIMEOUT
     backend = backend_class()
     try:
-        granted = backend.ping(timeout)
+        backend.ping(timeout)
     except BackendUnavailable as exc:
         return [
             Warning(
@@ -246,17 +246,6 @@ def check_zookeeper(
         ]
     finally:
         backend.shutdown()
-    if granted < conf.timing.ttl:
-        return [
-            Error(
-                f"the ZooKeeper ensemble grants a session timeout of {granted:g}s, shorter "
-                f"than LEASE_TTL ({conf.timing.ttl:g}s): leases of that ttl cannot be granted "
-                "(a session's end would free a lease before its holder steps down)",
-                hint="Lower LEASE_TTL, or raise the servers' maxSessionTimeout "
-                "(20 x tickTime by default).",
-                id="django_leader.E007",
-            )
-        ]
     return []
 
 

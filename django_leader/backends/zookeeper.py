@@ -18,9 +18,11 @@ Znodes under ``ROOT`` (``/django-leader``), for a lease name ``N`` (percent-enco
   its version) in the ``multi`` that takes the name. Being ephemeral, it also goes when the
   holder's **session** ends: ZooKeeper's own failure detector. A session ends no sooner than
   its timeout after the holder's last message, which came after its last renewal was sent,
-  and a lease is only granted for a ttl within the session timeout the ensemble granted,
-  so the holder's local deadline (send time of its last renewal + ttl - margin) always
-  comes first (docs/safety.md).
+  so as long as the ttl is within the session timeout the ensemble granted, the holder's
+  local deadline (send time of its last renewal + ttl - margin) always comes first
+  (docs/safety.md). A lease whose ttl is longer than that timeout (the ensemble clamps
+  sessions to its maxSessionTimeout) is a **persistent** znode instead, freed by its expiry
+  alone.
 * ``names/N/queue/c<digest>-<seq>`` — a candidate (fifo and priority elections),
   **ephemeral sequential**: the sequence is the join order; the data what the candidate
   said of itself, its ``mtime`` its last heartbeat. Each candidate that waits in a queue
@@ -47,7 +49,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import queue
 import threading
@@ -203,7 +204,7 @@ class ZooKeeperBackend(Backend):
         self.history_database = conf.database if conf.history else None
         self._history = HistoryWriter(conf.database) if conf.history else None
         self._lock = threading.Lock()
-        self._sessions: dict[float, _Session] = {}
+        self._current: _Session | None = None
         self._default_timeout = float(
             self.conf.session_timeout or max(conf.timing.ttl, DEFAULT_SESSION_TIMEOUT)
         )
@@ -222,19 +223,17 @@ class ZooKeeperBackend(Backend):
         return f"<ZooKeeperBackend {self.conf.hosts!r} {self.root!r}>"
 
     # -- connection -------------------------------------------------------------------------
-    def _session(self, ttl: float | None = None) -> _Session:
-        """The session whose timeout covers ``ttl`` (the default one for None), connected
-        within the call bound, else BackendUnavailable."""
+    def _session(self) -> _Session:
+        """This backend's session, connected within the call bound, else
+        BackendUnavailable (the client keeps reconnecting in the background)."""
         if self._pid != os.getpid():
             self._forked()
-        wanted = self._default_timeout
-        if ttl is not None and ttl > wanted:
-            wanted = float(math.ceil(ttl))
         with self._lock:
-            session = self._sessions.get(wanted)
+            session = self._current
             if session is None:
-                session = _Session(self.conf, wanted, self._state_changed)
-                self._sessions[wanted] = session
+                session = self._current = _Session(
+                    self.conf, self._default_timeout, self._state_changed
+                )
         if not session.client.connected:
             bound = self.conf.connect_timeout or self.timeout
             session.started.wait(bound)
@@ -243,13 +242,6 @@ class ZooKeeperBackend(Backend):
                     f"zookeeper {self.conf.hosts!r}: not connected (session state "
                     f"{session.client.state})"
                 )
-        if ttl is not None and session.granted is not None and session.granted < ttl:
-            raise NotSupportedError(
-                f"zookeeper {self.conf.hosts!r} granted a session timeout of "
-                f"{session.granted:g}s, shorter than the lease ttl {ttl:g}s: the session's end "
-                "would free the lease before its holder steps down. Use a shorter ttl, or "
-                "raise the ensemble's maxSessionTimeout (20 x tickTime by default)."
-            )
         return session
 
     def _forked(self) -> None:
@@ -257,7 +249,7 @@ class ZooKeeperBackend(Backend):
         come along, and closing them would end the parent's session): start afresh."""
         with self._lock:
             self._pid = os.getpid()
-            self._sessions = {}
+            self._current = None
             self._hub = None
             self._versions.clear()
             self._mine.clear()
@@ -383,8 +375,8 @@ class ZooKeeperBackend(Backend):
         found = self._get(client, path)
         if found is not None:
             return found[0]
-        self._ensure(client, self.root)
-        now = self._now_ms()
+        self._made.clear()  # whatever we made may have gone with the marker
+        now = self._now_ms()  # (makes ROOT if it is missing)
         delay = lock_delay(ttl)
         marker = {"epoch": now, "fence": now + _ms(delay)}
         try:
@@ -406,13 +398,11 @@ class ZooKeeperBackend(Backend):
         """Write the store marker of a ``ROOT`` never used before, **without** the
         lock-delay a missing marker otherwise costs (nobody can hold a lease in a store that
         never had one). True if this call wrote it, False if it was there. Only for a new
-        ``ROOT``: after a wipe or a restore, let the first acquisition notice the loss.
-        (``manage.py leader init-store``.)"""
+        ``ROOT``: after a wipe or a restore, let the first acquisition notice the loss."""
         from kazoo.exceptions import NodeExistsError
 
         client = self.client
-        self._ensure(client, self.root)
-        now = self._now_ms()
+        now = self._now_ms()  # (makes ROOT if it is missing)
         marker = {"epoch": now, "fence": 0}
         try:
             self._wait(client.create_async(f"{self.root}/store", json.dumps(marker).encode()))
@@ -444,8 +434,11 @@ class ZooKeeperBackend(Backend):
     def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-        session = self._session(ttl)
+        session = self._session()
         client = session.client
+        # Ephemeral when the session outlives the lease (its end then frees it, never
+        # before the holder's deadline); else persistent, freed by its expiry alone.
+        ephemeral = session.granted is not None and ttl <= session.granted
         path, lease_path = self._name_path(name), self._lease_path(name)
         marker_result = client.get_async(f"{self.root}/store")
         record_result = client.get_async(path)
@@ -509,7 +502,7 @@ class ZooKeeperBackend(Backend):
         if stale is not None:
             transaction.delete(lease_path, version=stale[1].version)
         transaction.set_data(path, json.dumps(new_record).encode(), version=record_stat.version)
-        transaction.create(lease_path, json.dumps(lease_data).encode(), ephemeral=True)
+        transaction.create(lease_path, json.dumps(lease_data).encode(), ephemeral=ephemeral)
         pending = transaction.commit_async()
         try:
             results = self._wait(pending)
@@ -524,7 +517,12 @@ class ZooKeeperBackend(Backend):
             raise BackendUnavailable(f"zookeeper: acquisition of {name!r} failed: {errors!r}")
         stat = results[-2]
         self._seen(stat.mtime)
-        self._versions[(name, holder, token)] = (0, int(stat.mtime), _ms(ttl), _granted_ms(session))
+        self._versions[(name, holder, token)] = (
+            0,
+            int(stat.mtime),
+            _ms(ttl),
+            _granted_ms(session) if ephemeral else 0,
+        )
         lease = Lease(
             name=name,
             holder=holder,
@@ -579,14 +577,11 @@ class ZooKeeperBackend(Backend):
             return None
         if data.get("until") is not None:
             return None
-        owner = next(
-            (
-                _granted_ms(session)
-                for session in list(self._sessions.values())
-                if (session.client.client_id or (None,))[0] == stat.ephemeralOwner
-            ),
-            0,
-        )
+        owner = 0
+        if stat.ephemeralOwner:
+            session = self._current
+            ours = session is not None and (session.client.client_id or (None,))[0]
+            owner = _granted_ms(session) if session and ours == stat.ephemeralOwner else -1
         return int(stat.version), int(stat.mtime), int(data["ttl"]), owner
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
@@ -599,11 +594,14 @@ class ZooKeeperBackend(Backend):
             if known is None:
                 return None
             version, mtime, old_ttl, granted = known
-            if _ms(ttl) > (granted or old_ttl):
+            # An ephemeral lease is never longer than its session (whose end frees it);
+            # -1: another session's, whose timeout we do not know (no longer than before).
+            limit = old_ttl if granted < 0 else granted
+            if limit and _ms(ttl) > limit:
                 raise NotSupportedError(
                     f"cannot renew {lease.name!r} for {ttl:g}s: the session that holds it "
-                    f"ends {(granted or old_ttl) / 1000:g}s after its holder's last message "
-                    "(a lease is never longer than its session's timeout)"
+                    f"ends {limit / 1000:g}s after its holder's last message, and its end "
+                    "frees the lease"
                 )
             if self._estimate_ms() is not None and self._passed(mtime + old_ttl)[0]:
                 self._versions.pop(key, None)
@@ -765,7 +763,7 @@ class ZooKeeperBackend(Backend):
     def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
         from kazoo.exceptions import NoNodeError
 
-        client = self._session(ttl).client
+        client = self.client
         info = {
             "identity": candidate.identity,
             "priority": candidate.priority,
@@ -786,13 +784,13 @@ class ZooKeeperBackend(Backend):
                 self._seen(stat.mtime)
                 self._mine[key] = node
                 return
-        self._ensure(client, self._queue_path(name))
         created = self._wait(
             client.create_async(
                 f"{self._queue_path(name)}/c{_digest(candidate.identity)}-",
                 raw,
                 ephemeral=True,
                 sequence=True,
+                makepath=True,
             )
         )
         self._mine[key] = created.rsplit("/", 1)[-1]
@@ -855,10 +853,16 @@ class ZooKeeperBackend(Backend):
         return hub.watch(name, identity, callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:
-        from kazoo.exceptions import NoNodeError
+        from kazoo.exceptions import NodeExistsError, NoNodeError
 
-        with suppress(NoNodeError):  # nobody watches it
-            self._wait(self.client.set_async(self._bell_path(name, identity), b""))
+        client = self.client
+        path = self._bell_path(name, identity)
+        try:
+            self._wait(client.set_async(path, b""))
+        except NoNodeError:
+            # Never watched, or lost with the store: creating it rings it too.
+            with suppress(NodeExistsError):
+                self._wait(client.create_async(path, b"", makepath=True))
 
     def request_handover(
         self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
@@ -870,7 +874,9 @@ class ZooKeeperBackend(Backend):
         self._ensure(client, path)
         for _ in range(10):
             found = self._get(client, path)
-            if found is None:
+            if found is None:  # deleted meanwhile (the store was wiped): make it again
+                self._made.discard(path)
+                self._ensure(client, path)
                 continue
             record, stat = found
             now = self._now_ms()
@@ -955,10 +961,11 @@ class ZooKeeperBackend(Backend):
         """Connect (within ``timeout``) and return the session timeout the ensemble granted
         (seconds); BackendUnavailable if it does not answer. For the system check."""
         with self._lock:
-            session = self._sessions.get(self._default_timeout)
+            session = self._current
             if session is None:
-                session = _Session(self.conf, self._default_timeout, self._state_changed)
-                self._sessions[self._default_timeout] = session
+                session = self._current = _Session(
+                    self.conf, self._default_timeout, self._state_changed
+                )
         session.started.wait(timeout)
         if not session.client.connected:
             raise BackendUnavailable(
@@ -974,7 +981,8 @@ class ZooKeeperBackend(Backend):
         """End every session (its ephemeral leases and candidacies go at once) and the
         watch thread. The backend reconnects if used again."""
         with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
+            sessions = [self._current] if self._current is not None else []
+            self._current = None
             hub, self._hub = self._hub, None
         if hub is not None:
             hub.stop()
@@ -1010,8 +1018,8 @@ class _ZkWatch:
         self.closed = False
         #: The connection generation this watch was last armed in.
         self.armed_in = -1
-        #: The node before ours in the queue when last armed ("" for the head; None: none).
-        self.predecessor: str | None = None
+        #: The node before ours in the queue when last armed.
+        self.predecessor = ""
 
     @property
     def live(self) -> bool:
@@ -1041,7 +1049,7 @@ class _Hub:
         self.thread.start()
 
     def connected(self) -> bool:
-        session = self.backend._sessions.get(self.backend._default_timeout)
+        session = self.backend._current
         return session is not None and bool(session.client.connected)
 
     def watch(self, name: str, identity: str | None, callback: Callable) -> _ZkWatch:
@@ -1073,7 +1081,7 @@ class _Hub:
                 return
             try:
                 if kind == "arm":
-                    self._arm(item, wake_if_moved=False)
+                    self._arm(item)
                 elif kind == "fired":
                     self._fired(*item)
                 elif kind in ("resync", "retry"):
@@ -1089,7 +1097,7 @@ class _Hub:
         with self.lock:
             watches = [w for w in self.watches if w.armed_in != self.generation]
         for watch in watches:
-            self._arm(watch, wake_if_moved=True)
+            self._arm(watch, wake_if_free=True)
             if reconnected and watch.identity is None:
                 self._call(watch)  # a wake-up may have been missed meanwhile
 
@@ -1116,16 +1124,20 @@ class _Hub:
         if kind == "NONE":  # the connection dropped: armed again once it is back
             watch.armed_in = -1
             return
-        if kind == ("CHANGED" if role == "bell" else "DELETED"):
+        if role == "predecessor" and kind == "DELETED":
+            # The one before us left (it leads now, withdrew, or its session ended): we may
+            # be the head now; woken only if so and the lease is free.
+            self._arm(watch, wake_if_free=True)
+            return
+        if kind in (("CHANGED", "CREATED") if role == "bell" else ("DELETED",)):
             self._call(watch)
-        if role == "bell" or kind != "DELETED":
-            self._arm_one(watch, role)
-        else:
-            self._arm(watch, wake_if_moved=False)
+        self._arm_one(watch, role)
 
-    def _arm(self, watch: _ZkWatch, *, wake_if_moved: bool) -> None:
+    def _arm(self, watch: _ZkWatch, *, wake_if_free: bool = False) -> None:
         """Set every watch ``watch`` needs: its bell, and the lease node (a race watcher,
-        the head of a queue) or the node before its own."""
+        the head of a queue) or the node before its own. With ``wake_if_free``, a head
+        that finds the lease free is woken (its predecessor went, or a reconnection may
+        have hidden that)."""
         if watch.closed:
             return
         backend = self.backend
@@ -1139,21 +1151,22 @@ class _Hub:
             prefix = f"c{_digest(watch.identity)}-"
             mine = next((i for i, node in enumerate(nodes) if node.startswith(prefix)), None)
             if mine is None:
-                previous: str | None = None
-            else:
-                previous = nodes[mine - 1] if mine > 0 else ""
-            if wake_if_moved and previous != watch.predecessor and watch.predecessor is not None:
-                self._call(watch)
-            watch.predecessor = previous
-            if previous is None:
                 role = ""  # not queued: only its bell
-            elif previous:
+            elif mine > 0:
                 role = "predecessor"
+                watch.predecessor = nodes[mine - 1]
         if role:
-            self._arm_one(watch, role)
+            present = self._arm_one(watch, role)
+            if not present and role == "predecessor":
+                self._arm(watch, wake_if_free=True)  # gone before we could watch it
+                return
+            if not present and role == "lease" and watch.identity and wake_if_free:
+                self._call(watch)
         watch.armed_in = generation
 
-    def _arm_one(self, watch: _ZkWatch, role: str) -> None:
+    def _arm_one(self, watch: _ZkWatch, role: str) -> bool:
+        """Watch one znode of ``watch`` (its bell, the lease, its predecessor); whether the
+        znode exists."""
         backend = self.backend
         if role == "bell":
             path = backend._bell_path(watch.name, watch.identity)
@@ -1162,6 +1175,4 @@ class _Hub:
         else:
             path = f"{backend._queue_path(watch.name)}/{watch.predecessor}"
         stat = backend._wait(backend.client.exists_async(path, watch=self._event(watch, role)))
-        if role == "predecessor" and stat is None:
-            self._call(watch)  # gone before we could watch it
-            self._arm(watch, wake_if_moved=False)
+        return stat is not None

@@ -87,6 +87,9 @@ class ZooKeeperSlots(SlotStore):
                 # The lease znode changed: our own renewal (look again) or a successor.
                 backend._versions.pop((lease.name, lease.holder, lease.token), None)
             elif isinstance(write, NoNodeError | NodeExistsError):
+                if isinstance(write, NoNodeError) and not exists:  # the directory went
+                    backend._made.discard(self._dir(lease.name))
+                    backend._ensure(client, self._dir(lease.name))
                 exists = isinstance(write, NodeExistsError)
             else:
                 raise BackendUnavailable(f"zookeeper: slot record of {lease.name!r}: {write!r}")

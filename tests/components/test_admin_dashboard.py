@@ -26,18 +26,30 @@ from django_leader.admin.constants import FLAPPING_TRANSITIONS
 from django_leader.backends import get_backend
 from django_leader.election import Candidate
 from django_leader.models import LeaseEvent
-from tests.support.stores import CACHE_STORES, DATABASE_STORES, require, unreachable_redis
+from tests.support.stores import (
+    CACHE_STORES,
+    DATABASE_STORES,
+    OTHER_STORES,
+    require,
+    store_settings,
+    unreachable_redis,
+    zookeeper_backend,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 
 DASHBOARD = "admin:django_leader_lease_dashboard"
 
 
-@pytest.fixture(params=[*DATABASE_STORES, *CACHE_STORES])
+@pytest.fixture(params=[*DATABASE_STORES, *CACHE_STORES, *OTHER_STORES])
 def leader_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The admin pointed at each store (DJANGO_LEADER overridden), and a backend of it."""
     store_id = request.param
-    if store_id in DATABASE_STORES:
+    if store_id == "zookeeper":
+        zk = zookeeper_backend()  # the tests' root, initialized
+        conf = {**settings.DJANGO_LEADER, **store_settings(zk)}
+        zk.shutdown()
+    elif store_id in DATABASE_STORES:
         require(DATABASE_STORES[store_id])
         conf = {
             **settings.DJANGO_LEADER,
@@ -58,6 +70,8 @@ def leader_store(request: pytest.FixtureRequest) -> Iterator[Any]:
         finally:
             backend.flush_history(10)
             backend.close()
+            if store_id == "zookeeper":
+                backend.shutdown()
 
 
 def rows(html: str) -> dict[str, str]:

@@ -27,7 +27,14 @@ from django_leader.observe import observe
 from django_leader.testing import MemoryBackend
 from tests.support.electing import start
 from tests.support.faults import FaultyBackend
-from tests.support.stores import CACHE_STORES, DATABASE_STORES, history, open_store, stores_db
+from tests.support.stores import (
+    CACHE_STORES,
+    DATABASE_STORES,
+    OTHER_STORES,
+    history,
+    open_store,
+    stores_db,
+)
 from tests.support.waiting import wait_until
 
 FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
@@ -37,7 +44,10 @@ WAIT = 10.0  # generous bound for anything that should happen "soon"
 # hand-over gate). The real stores need the database set up (their history is there).
 ANY_STORE = [
     "memory",
-    *(pytest.param(store, marks=stores_db) for store in [*DATABASE_STORES, *CACHE_STORES]),
+    *(
+        pytest.param(store, marks=stores_db)
+        for store in [*DATABASE_STORES, *CACHE_STORES, *OTHER_STORES]
+    ),
 ]
 
 

@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_leader.checks import check_settings, check_zookeeper
 from django_leader.conf import get_settings
+from tests.support.waiting import wait_until
 from tests.support.zookeeper_server import ZooKeeperServer, require_zookeeper_jars
 
 ZK = "django_leader.backends.zookeeper.ZooKeeperBackend"
@@ -103,20 +104,37 @@ def short_sessions(tmp_path: Path) -> Iterator[ZooKeeperServer]:
         yield server
 
 
-def test_e007_an_ensemble_granting_sessions_shorter_than_the_ttl(
+def test_a_lease_longer_than_the_granted_session_is_persistent_and_expires_by_its_ttl(
     settings: Any, short_sessions: ZooKeeperServer
 ) -> None:
-    configure(
-        settings,
-        LEASE_TTL=5,
-        RENEW_INTERVAL=1,
-        ZOOKEEPER={"HOSTS": short_sessions.hosts, "ROOT": "/check-e007"},
-    )
-    assert ids(check_zookeeper(databases=["default"])) == ["django_leader.E007"]
-    configure(
-        settings,
-        LEASE_TTL=2,
-        RENEW_INTERVAL=0.5,
-        ZOOKEEPER={"HOSTS": short_sessions.hosts, "ROOT": "/check-e007"},
-    )
-    assert check_zookeeper(databases=["default"]) == []
+    """The ensemble grants sessions of at most 2 s: a 1 s lease is ephemeral (the session's
+    end frees it, never before its holder's deadline), a 5 s lease is a persistent znode,
+    freed by its expiry alone; a renewal never makes an ephemeral lease outlive its
+    session."""
+    from django_leader.backends.zookeeper import ZooKeeperBackend
+    from django_leader.exceptions import NotSupportedError
+
+    configure(settings, LEASE_TTL=5, RENEW_INTERVAL=1)
+    store = ZooKeeperBackend(hosts=short_sessions.hosts, root="/sessions")
+    store.initialize()
+    other = ZooKeeperBackend(hosts=short_sessions.hosts, root="/sessions")
+    try:
+        short, _ = store.acquire("short", "alice", 1.0)
+        long, _ = store.acquire("long", "alice", 5.0)
+        assert short is not None and long is not None
+        _, short_stat = store.client.get(store._lease_path("short"))
+        _, long_stat = store.client.get(store._lease_path("long"))
+        assert short_stat.ephemeralOwner == store.client.client_id[0]
+        assert long_stat.ephemeralOwner == 0
+        with pytest.raises(NotSupportedError, match="frees the lease"):
+            store.renew(short, 5.0)
+        assert store.renew(long, 5.0) is not None
+        # The holder's session ends (a crash): the ephemeral lease goes with it at once,
+        # the persistent one stays until its ttl runs out.
+        store.shutdown()
+        assert other.read("short") is None
+        assert other.read("long") is not None
+        wait_until(lambda: other.acquire("long", "bob", 5.0)[0], timeout=10)
+    finally:
+        store.shutdown()
+        other.shutdown()
