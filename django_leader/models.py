@@ -151,7 +151,7 @@ class LeaseFence(models.Model):
     """The greatest fencing token of a lease that wrote through ``lease.fenced()`` in this
     database, for a lease held in another store (Redis, ZooKeeper, ...).
 
-    Locked by each fenced transaction (see :mod:`django_leader.backends.fence_row`): a
+    Locked by each fenced transaction (see ``django_leader/backends/fence_row.py``): a
     token lower than the one stored here is refused, a greater one replaces it. The
     database backend fences with the ``Lease`` row itself and writes none, unless its
     ``fenced(using=...)`` names another database.

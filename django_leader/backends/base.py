@@ -211,7 +211,7 @@ class Backend(ABC):
         :class:`~django_leader.exceptions.LeadershipLost` (rolled back).
 
         The default checks the token against the name's fence row in that database
-        (``LeaseFence``, see :mod:`django_leader.backends.fence_row`), locked until the
+        (``LeaseFence``, see ``django_leader/backends/fence_row.py``), locked until the
         transaction ends, so writes commit in token order: the database refuses what a
         holder paused past its lease writes once its successor has written. It does not
         ask the store whether the lease is still held (a store that is the database the

@@ -1,7 +1,7 @@
 """Fenced transactions: writes that commit only under a lease.
 
 :func:`fenced_transaction` is :meth:`django_leader.backends.db.DatabaseBackend.fenced`
-(the lease row itself, locked); :mod:`.fence_row` fences with a row of its own for the
+(the lease row itself, locked); ``fence_row.py`` fences with a row of its own for the
 other stores. Both are a :func:`bounded_transaction`: one that ends with the lease.
 """
 
