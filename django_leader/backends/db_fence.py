@@ -30,8 +30,10 @@ def fenced_transaction(alias: str, dialect: Dialect, table: str, lease: Lease) -
     connection), whose lease rows are in ``table`` (quoted)."""
     now = dialect.now()
     where = f"name = %s AND holder = %s AND token = %s AND expires_at > {now}"
-    with bounded_transaction(alias, dialect, lease) as cursor:
-        if lock_row(cursor, table, "token", where, [lease.name, lease.holder, lease.token]) is None:
+    with bounded_transaction(alias, dialect, lease) as connection:
+        with connection.cursor() as cursor:
+            held = lock_row(cursor, table, "token", where, [lease.name, lease.holder, lease.token])
+        if held is None:
             raise LeadershipLost(
                 f"lease {lease.name!r} is no longer held by {lease.holder} with token {lease.token}"
             )
@@ -41,7 +43,7 @@ def fenced_transaction(alias: str, dialect: Dialect, table: str, lease: Lease) -
 @contextmanager
 def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[Any]:
     """A transaction on database ``alias`` (Django's own connection, so that the caller's
-    writes are part of it) bounded by ``lease``; yields a cursor of it.
+    writes are part of it) bounded by ``lease``; yields that connection.
 
     No statement of it starts after the lease's local deadline, nor does it commit then
     (``LeadershipLost``, rolled back), and the server is told to end it should it still run
@@ -57,8 +59,7 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
     fence = _Fence(dialect, connection, lease)
     try:
         with transaction.atomic(using=alias), connection.execute_wrapper(fence):
-            with connection.cursor() as cursor:
-                yield cursor
+            yield connection
             fence.check("commit")
     except (OperationalError, InterfaceError):
         # The connection may be dead (the server restarted, killed it, or ended this

@@ -35,35 +35,37 @@ def fence_row_transaction(alias: str, lease: Lease) -> Iterator[None]:
     """
     from ..models import LeaseFence
 
-    connection = connections[alias]
-    vendor = connection.vendor
+    vendor = connections[alias].vendor
     if vendor not in DIALECTS:
         raise NotImplementedError(f"django_leader has no SQL for database vendor {vendor!r}")
     dialect = DIALECTS[vendor]()
-    table = connection.ops.quote_name(LeaseFence._meta.db_table)
-    with bounded_transaction(alias, dialect, lease) as cursor:
-        row = lock_row(cursor, table, "token", "name = %s", [lease.name])
-        if row is None:
-            # The name's first fenced write here. Inserted with token 0 (a conflict with a
-            # concurrent first write is ignored), then locked like an existing row: a lock
-            # taken first keeps MySQL's shared lock of a duplicate insert out of the way.
-            cursor.execute(
-                dialect.insert_ignore(
-                    table, "name, token, holder, written_at", "%s, 0, '', " + dialect.now()
-                ),
-                [lease.name],
-            )
+    table = connections[alias].ops.quote_name(LeaseFence._meta.db_table)
+    with bounded_transaction(alias, dialect, lease) as connection:
+        with connection.cursor() as cursor:
             row = lock_row(cursor, table, "token", "name = %s", [lease.name])
-        if row is None:  # pragma: no cover - inserted just above
-            raise LeadershipLost(f"lease {lease.name!r}: no fence row")
-        if int(row[0]) > lease.token:
-            raise LeadershipLost(
-                f"lease {lease.name!r}: token {lease.token} is fenced off, token {row[0]} "
-                f"already wrote in database {alias!r}; the transaction is rolled back"
+            if row is None:
+                # The name's first fenced write in this database: insert the row (token 0; a
+                # concurrent first write's insert wins, this one is ignored), then lock it.
+                # Locking first keeps INSERT IGNORE off the common path: on MySQL it takes a
+                # shared lock on an existing row, and two transactions upgrading theirs to
+                # FOR UPDATE at once deadlock.
+                cursor.execute(
+                    dialect.insert_ignore(
+                        table, "name, token, holder, written_at", "%s, 0, '', " + dialect.now()
+                    ),
+                    [lease.name],
+                )
+                row = lock_row(cursor, table, "token", "name = %s", [lease.name])
+            if row is None:  # pragma: no cover - inserted just above
+                raise LeadershipLost(f"lease {lease.name!r}: no fence row")
+            if int(row[0]) > lease.token:
+                raise LeadershipLost(
+                    f"lease {lease.name!r}: token {lease.token} is fenced off, token {row[0]} "
+                    f"already wrote in database {alias!r}; the transaction is rolled back"
+                )
+            cursor.execute(
+                f"UPDATE {table} SET token = %s, holder = %s, written_at = {dialect.now()} "
+                "WHERE name = %s",
+                [lease.token, lease.holder, lease.name],
             )
-        cursor.execute(
-            f"UPDATE {table} SET token = %s, holder = %s, written_at = {dialect.now()} "
-            "WHERE name = %s",
-            [lease.token, lease.holder, lease.name],
-        )
         yield
