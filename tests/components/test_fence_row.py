@@ -252,3 +252,19 @@ def test_the_database_backends_own_database_still_uses_the_lease_row(
         assert not LeaseFence.objects.using(alias).filter(name=lease_name).exists()
     finally:
         store.close()
+
+
+def test_names_that_differ_in_case_have_fence_rows_of_their_own(
+    store: Backend, alias: str, lease_name: str
+) -> None:
+    """MySQL's default collation would make "A" and "a" one row (migration 0008 gives the
+    name a binary collation, as 0004 does for the lease rows)."""
+    upper = take(store, lease_name.upper(), "alice")
+    lower = take(store, lease_name, "bob")
+    assert lower.token > upper.token  # Redis tokens are seeded from its clock
+    write(lower, alias)
+    write(upper, alias)  # its own row: never fenced off by the other name's token
+    fences = LeaseFence.objects.using(alias).filter(name__in=[upper.name, lower.name])
+    assert sorted(fences.values_list("name", "token")) == sorted(
+        [(upper.name, upper.token), (lower.name, lower.token)]
+    )
