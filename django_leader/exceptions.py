@@ -20,5 +20,5 @@ class BackendUnavailable(LeaderError):
 
 
 class NotSupportedError(LeaderError, NotImplementedError):
-    """The configured backend cannot do this soundly (e.g. ``fenced()`` on a store that is not
-    the database your writes go to)."""
+    """The configured backend cannot do this soundly (e.g. ``request_handover()`` on a store
+    that cannot hand a lease over)."""

@@ -63,10 +63,13 @@ class LossReason(str, Enum):
 
 
 class Fence(Protocol):
-    """What ``Lease.fenced()`` of a held lease calls: the store's ``fenced(lease)``
-    (attached by the term when the lease is granted; a snapshot has none)."""
+    """What ``Lease.fenced()`` of a held lease calls: the store's ``fenced(lease)``, or
+    ``fenced(lease, using=alias)`` when a database is named (attached by the term when the
+    lease is granted; a snapshot has none)."""
 
-    def __call__(self, lease: Lease, /) -> AbstractContextManager[None]: ...
+    def __call__(
+        self, lease: Lease, /, using: str | None = None
+    ) -> AbstractContextManager[None]: ...
 
 
 def _boottime() -> float:
@@ -155,15 +158,21 @@ class Lease:
             )
             raise LeadershipLost(f"lease {self.name!r} (token {self.token}) is lost: {reason}")
 
-    def fenced(self) -> AbstractContextManager[None]:
-        """A transaction whose writes commit only if this holder still holds this token.
+    def fenced(self, using: str | None = None) -> AbstractContextManager[None]:
+        """A transaction on Django database ``using`` whose writes commit only under this
+        token: with the database backend, only while this holder still holds the lease
+        (its row is locked); with any other store, only if no greater token of this name
+        wrote through ``fenced()`` in that database first (its fence row). Both refuse
+        once the local deadline passed. Default database: ``DJANGO_LEADER["DATABASE"]``.
 
         See :meth:`django_leader.backends.base.Backend.fenced`. A snapshot (``read()``,
         ``Elector.leader()``) raises :class:`LeadershipLost`.
         """
         if self._fence is None:
             raise LeadershipLost(f"lease {self.name!r} is a snapshot, not a held lease")
-        return self._fence(self)
+        # Without a database named, the store is called as before ``using`` existed (a
+        # third-party store's own ``fenced(lease)`` keeps working).
+        return self._fence(self) if using is None else self._fence(self, using=using)
 
     def heartbeat(self) -> None:
         """Tell the Elector's watchdog that the work is alive (``Elector(watchdog=S)``: a

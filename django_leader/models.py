@@ -145,3 +145,27 @@ class BeatSlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lease}/{self.entry}: {self.at.isoformat()} (token {self.token})"
+
+
+class LeaseFence(models.Model):
+    """The greatest fencing token of a lease that wrote through ``lease.fenced()`` in this
+    database, for a lease held in another store (Redis, ZooKeeper, ...).
+
+    Locked by each fenced transaction (see ``django_leader/backends/fence_row.py``): a
+    token lower than the one stored here is refused, a greater one replaces it. The
+    database backend fences with the ``Lease`` row itself and writes none, unless its
+    ``fenced(using=...)`` names another database.
+    """
+
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, primary_key=True)
+    token = models.BigIntegerField(_("fencing token"), default=0)
+    holder = models.CharField(_("last written by"), max_length=MAX_IDENTITY_LENGTH, blank=True)
+    written_at = models.DateTimeField(_("last written at"))
+
+    class Meta:
+        verbose_name = _("lease fence")
+        verbose_name_plural = _("lease fences")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: token {self.token}"

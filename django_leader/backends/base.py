@@ -204,16 +204,26 @@ class Backend(ABC):
 
     # -- fencing ----------------------------------------------------------------------------
     @contextmanager
-    def fenced(self, lease: Lease) -> Iterator[None]:
-        """A transaction whose writes commit only while ``lease`` is still held.
+    def fenced(self, lease: Lease, using: str | None = None) -> Iterator[None]:
+        """A transaction on Django database ``using`` (default: ``DJANGO_LEADER["DATABASE"]``)
+        whose writes commit only if no greater token of ``lease.name`` wrote through it
+        before them, and only before the lease's local deadline; else
+        :class:`~django_leader.exceptions.LeadershipLost` (rolled back).
 
-        Only a store that is the same database as the writes can make this sound; the
-        default raises :class:`~django_leader.exceptions.NotSupportedError`.
+        The default checks the token against the name's fence row in that database
+        (``LeaseFence``, see ``django_leader/backends/fence_row.py``), locked until the
+        transaction ends, so writes commit in token order: the database refuses what a
+        holder paused past its lease writes once its successor has written. It does not
+        ask the store whether the lease is still held (a store that is the database the
+        writes go to can, and does: the database backend). Bounded by the lease as the
+        database backend's is (see :meth:`DatabaseBackend.fenced
+        <django_leader.backends.db.DatabaseBackend.fenced>`).
         """
-        raise NotSupportedError(
-            f"{type(self).__name__} cannot fence database writes; use the database backend"
-        )
-        yield  # pragma: no cover
+        from ..conf import get_settings
+        from .fence_row import fence_row_transaction
+
+        with fence_row_transaction(using or get_settings().database, lease):
+            yield
 
     # -- beat slot records ------------------------------------------------------------------
     #: True if :meth:`slots` keeps the records in the store itself, shared by every beat and

@@ -569,8 +569,13 @@ class DatabaseBackend(Backend):
 
     # -- fencing --------------------------------------------------------------------------
     @contextmanager
-    def fenced(self, lease: Lease) -> Iterator[None]:
+    def fenced(self, lease: Lease, using: str | None = None) -> Iterator[None]:
         """One transaction on the lease's database (the caller's own connection).
+
+        With ``using`` naming another database, the transaction is on that one, fenced
+        with the lease's fence row there (see :meth:`Backend.fenced
+        <django_leader.backends.base.Backend.fenced>`): the lease row cannot be locked from
+        another database.
 
         It first locks the lease row and checks that ``lease.holder`` still holds it with
         ``lease.token``, unexpired by the server's clock; else ``LeadershipLost``. While the
@@ -589,5 +594,9 @@ class DatabaseBackend(Backend):
         replaced if the server dropped it, and one that fails inside is closed, so that the
         next call reconnects.
         """
+        if using is not None and using != self.alias:
+            with super().fenced(lease, using):
+                yield
+            return
         with fenced_transaction(self.alias, self.dialect, self._table, lease):
             yield

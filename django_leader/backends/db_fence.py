@@ -1,6 +1,8 @@
-"""The database backend's fenced transaction: writes that commit only under a lease.
+"""Fenced transactions: writes that commit only under a lease.
 
-See :meth:`django_leader.backends.db.DatabaseBackend.fenced` for what it guarantees.
+:func:`fenced_transaction` is :meth:`django_leader.backends.db.DatabaseBackend.fenced`
+(the lease row itself, locked); ``fence_row.py`` fences with a row of its own for the
+other stores. Both are a :func:`bounded_transaction`: one that ends with the lease.
 """
 
 from __future__ import annotations
@@ -26,32 +28,38 @@ FENCE_FLOOR = 1.0
 def fenced_transaction(alias: str, dialect: Dialect, table: str, lease: Lease) -> Iterator[None]:
     """The body of :meth:`DatabaseBackend.fenced` on database ``alias`` (Django's own
     connection), whose lease rows are in ``table`` (quoted)."""
+    now = dialect.now()
+    where = f"name = %s AND holder = %s AND token = %s AND expires_at > {now}"
+    with bounded_transaction(alias, dialect, lease) as connection:
+        with connection.cursor() as cursor:
+            held = lock_row(cursor, table, "token", where, [lease.name, lease.holder, lease.token])
+        if held is None:
+            raise LeadershipLost(
+                f"lease {lease.name!r} is no longer held by {lease.holder} with token {lease.token}"
+            )
+        yield
+
+
+@contextmanager
+def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[Any]:
+    """A transaction on database ``alias`` (Django's own connection, so that the caller's
+    writes are part of it) bounded by ``lease``; yields that connection.
+
+    No statement of it starts after the lease's local deadline, nor does it commit then
+    (``LeadershipLost``, rolled back), and the server is told to end it should it still run
+    or sit idle once the lease is over (see :meth:`DatabaseBackend.fenced`). Outside an
+    outer ``atomic()`` block, a connection that failed before is replaced if the server
+    dropped it, and one that fails inside is closed, so that the next call reconnects.
+    """
     lease.check()
     connection = connections[alias]
     outermost = not connection.in_atomic_block
     if outermost:
         _recycle(connection)
     fence = _Fence(dialect, connection, lease)
-    now = dialect.now()
-    where = f"name = %s AND holder = %s AND token = %s AND expires_at > {now}"
-    params = [lease.name, lease.holder, lease.token]
     try:
         with transaction.atomic(using=alias), connection.execute_wrapper(fence):
-            with connection.cursor() as cursor:
-                if connection.vendor == "sqlite":
-                    # SQLite has no row locks: a write takes the database's RESERVED lock,
-                    # which keeps every other writer out until this transaction ends.
-                    cursor.execute(f"UPDATE {table} SET token = token WHERE {where}", params)
-                    held = cursor.rowcount == 1
-                else:
-                    cursor.execute(f"SELECT 1 FROM {table} WHERE {where} FOR UPDATE", params)
-                    held = cursor.fetchone() is not None
-            if not held:
-                raise LeadershipLost(
-                    f"lease {lease.name!r} is no longer held by {lease.holder} with token "
-                    f"{lease.token}"
-                )
-            yield
+            yield connection
             fence.check("commit")
     except (OperationalError, InterfaceError):
         # The connection may be dead (the server restarted, killed it, or ended this
@@ -64,6 +72,25 @@ def fenced_transaction(alias: str, dialect: Dialect, table: str, lease: Lease) -
         if fence.saved and connection.connection is not None:
             with suppress(DjangoDBError), connection.cursor() as cursor:
                 dialect.unbound_transaction(cursor, fence.saved)
+
+
+def lock_row(
+    cursor: Any, table: str, column: str, where: str, params: list[Any]
+) -> tuple[Any, ...] | None:
+    """Lock the one row of ``table`` matching ``where`` until the transaction ends, and
+    return its ``column`` (a 1-tuple); None if no row matches (nothing is locked then,
+    except on SQLite)."""
+    if cursor.db.vendor == "sqlite":
+        # SQLite has no row locks: a write takes the database's RESERVED lock, which keeps
+        # every other writer out until this transaction ends.
+        cursor.execute(f"UPDATE {table} SET {column} = {column} WHERE {where}", params)
+        if cursor.rowcount != 1:
+            return None
+        cursor.execute(f"SELECT {column} FROM {table} WHERE {where}", params)
+    else:
+        cursor.execute(f"SELECT {column} FROM {table} WHERE {where} FOR UPDATE", params)
+    row: tuple[Any, ...] | None = cursor.fetchone()
+    return row
 
 
 def _recycle(connection: Any) -> None:

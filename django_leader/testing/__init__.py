@@ -261,8 +261,11 @@ class MemoryBackend(Backend):
             self.events.append((kind, lease.name, lease.holder, lease.token))
 
     @contextmanager
-    def fenced(self, lease: Lease) -> Iterator[None]:
-        """Checks the lease like the database backend does; writes are not transactional."""
+    def fenced(self, lease: Lease, using: str | None = None) -> Iterator[None]:
+        """Checks the lease like the database backend does; the writes are one transaction
+        of database ``using`` when one is named, else not transactional."""
+        from django.db import transaction
+
         from ..exceptions import LeadershipLost
 
         lease.check()
@@ -270,7 +273,11 @@ class MemoryBackend(Backend):
             current = self._current(lease.name)
             if current is None or (current.holder, current.token) != (lease.holder, lease.token):
                 raise LeadershipLost(f"lease {lease.name!r} is no longer held")
-        yield
+        if using is None:
+            yield
+            return
+        with transaction.atomic(using=using):
+            yield
 
 
 #: The stores of the override_leader blocks open now, innermost last.

@@ -24,6 +24,7 @@ from django_leader.backends.slots import LocalSlots, Slot, SlotStore
 from django_leader.conf import get_settings
 from django_leader.exceptions import NotSupportedError
 from django_leader.lease import Lease, clock
+from django_leader.models import LeaseFence
 from tests.support.stores import require, stores_db
 
 pytestmark = stores_db
@@ -120,8 +121,11 @@ def test_default_admin_and_check_members() -> None:
     assert backend.candidates("name") is None
     lease, _ = backend.acquire("name", "me", TTL)
     assert lease is not None
-    with pytest.raises(NotSupportedError), backend.fenced(held(lease)):
+    # The default fences with the name's fence row in the settings' database.
+    with backend.fenced(held(lease)):
         pass
+    fence = LeaseFence.objects.using(get_settings().database).get(name="name")
+    assert (fence.token, fence.holder) == (1, "me")
 
 
 # -- every real store -----------------------------------------------------------------------

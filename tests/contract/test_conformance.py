@@ -97,20 +97,19 @@ def test_fenced_write_rejected_after_takeover(db_backend: Any, lease_name: str) 
     assert not FencedWrite.objects.using(db_backend.alias).filter(writer="alice").exists()
 
 
-def test_fenced_refused_by_cache_backend(backend: Any, lease_name: str) -> None:
-    """Redis is not the database the writes go to: fencing there cannot be atomic with them."""
-    from django_leader import NotSupportedError
-    from django_leader.backends.cache import CacheBackend
-    from django_leader.conf import resolve_timing
+def test_fenced_write_commits_with_every_store(backend: Any, lease_name: str) -> None:
+    """Every store fences: the database with its lease row, the others with a fence row
+    in the settings' database."""
+    from django_leader.conf import get_settings, resolve_timing
     from django_leader.locks import acquire_once
+    from testproject.demoapp.models import FencedWrite
 
+    alias = get_settings().database
     lease, _ = acquire_once(backend, lease_name, "alice", resolve_timing(30))
-    if isinstance(backend, CacheBackend):
-        with pytest.raises(NotSupportedError), lease.fenced():
-            pytest.fail("fenced() entered on the cache backend")
-    else:
-        with lease.fenced():
-            pass
+    assert lease is not None
+    with lease.fenced():
+        FencedWrite.objects.using(alias).create(writer=lease_name, token=lease.token)
+    assert FencedWrite.objects.using(alias).filter(writer=lease_name).count() == 1
 
 
 def test_fenced_uses_statement_time_inside_callers_transaction(

@@ -11,8 +11,8 @@ bound from the safety model (docs/safety.md), not a benchmark.
 On Redis, history is written to the database asynchronously, by a thread of the process
 that noticed the event: a child flushes it before the parent reads it. Redis seeds a
 name's first fencing token from its clock, so only token order (and +1 steps) is asserted,
-and ``fenced()`` raises NotSupportedError there (documented), which the pause test checks
-in place of the fenced writes.
+and ``fenced()`` checks the token against the name's fence row in the database the children
+write to (docs/safety.md).
 """
 
 from __future__ import annotations
@@ -70,12 +70,9 @@ def cluster(store: Backend, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def assert_fenced_write(cluster: Cluster, reply: Event, committed: bool) -> None:
-    """A fenced write's outcome: on a database as expected (``committed`` or refused); on
-    Redis always NotSupportedError, whether the lease is held or not."""
+    """A fenced write's outcome, as expected: ``committed`` or refused."""
     outcome = reply["outcome"]
-    if cluster.is_cache:
-        assert outcome.startswith("unsupported: NotSupportedError"), reply
-    elif committed:
+    if committed:
         assert outcome == "committed", reply
     else:
         assert outcome.startswith("rejected"), reply
@@ -197,15 +194,13 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     deadline (its step-down instant) lies before the new lease was granted, it reports
     the loss as soon as it resumes, and its old lease can neither write through
     ``fenced()`` (refused locally, and by the database for a copy that does not know it
-    lost) nor be renewed or released in the store.
-
-    On Redis, ``fenced()`` raises NotSupportedError for every lease, held or not (a cache
-    cannot fence database writes: documented); that is checked instead of the writes."""
+    lost: the lease row, or on Redis the fence row its successor's write raised) nor be
+    renewed or released in the store."""
     cluster.candidates("a", "b")
     first = cluster.wait_for(matches("elected"), "a first leader", PATIENCE)
     old = cluster.children[first["who"]]
     new_label = "b" if old.label == "a" else "a"
-    # While it leads, its fenced writes commit (on Redis: fenced() is not supported).
+    # While it leads, its fenced writes commit.
     wrote = old.request("write", "wrote", note="before-pause")
     assert wrote["token"] == first["token"], wrote
     assert_fenced_write(cluster, wrote, committed=True)
@@ -276,8 +271,8 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     assert probe["is_leader"] is False and probe["held"] is False and probe["lost"], probe
     assert_fenced_write(cluster, {"outcome": probe["local_fence"], "probe": probe}, False)
     assert_fenced_write(cluster, {"outcome": probe["db_fence"], "probe": probe}, False)
-    if not cluster.is_cache:
-        assert "no longer held" in probe["db_fence"], probe  # refused by the row check
+    # Refused by the lease row's check, or on Redis by the fence row's.
+    assert ("fenced off" if cluster.is_cache else "no longer held") in probe["db_fence"], probe
     assert probe["renewed"] is False, probe
     assert probe["released"] is False, probe
 
@@ -289,12 +284,9 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     rows = FencedWrite.objects.using(cluster.db_alias)
     old_ids = list(rows.filter(token=first["token"]).values_list("id", "note"))
     new_ids = list(rows.filter(token=second["token"]).values_list("id", "note"))
-    if cluster.is_cache:
-        assert (old_ids, new_ids) == ([], []), (old_ids, new_ids)  # nothing was written
-    else:
-        assert [note for _, note in old_ids] == ["before-pause"], old_ids
-        assert [note for _, note in new_ids] == ["after-takeover"], new_ids
-        assert max(i for i, _ in old_ids) < min(i for i, _ in new_ids)
+    assert [note for _, note in old_ids] == ["before-pause"], old_ids
+    assert [note for _, note in new_ids] == ["after-takeover"], new_ids
+    assert max(i for i, _ in old_ids) < min(i for i, _ in new_ids)
     assert_no_overlap(cluster)
 
 

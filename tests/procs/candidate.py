@@ -34,7 +34,8 @@ Commands (stdin, JSON lines):
 ``write``
     a ``FencedWrite`` row through ``lease.fenced()`` with the held lease; reply ``wrote``
     (``outcome``: ``committed``, ``rejected: ...`` or, on a store that cannot fence
-    database writes, ``unsupported: NotSupportedError: ...``).
+    database writes, ``unsupported: NotSupportedError: ...``). The database is the one
+    this child writes rows to: on a cache store, the token is checked against its fence row.
 ``freeze``
     right after the next successful renewal, report ``freezing`` and SIGSTOP this whole
     process. Stopping just after a renewal means no store call is in flight, so the
@@ -42,7 +43,8 @@ Commands (stdin, JSON lines):
 ``probe``
     with the (lost) lease of token ``token``: try a fenced write (``local_fence``), the
     same with a copy that does not know it lost (``db_fence``: only the database can
-    refuse it), ``backend.renew`` and ``backend.release``; reply ``probe``.
+    refuse it, with the lease row or, on a cache store, the fence row), ``backend.renew``
+    and ``backend.release``; reply ``probe``.
 ``flush``
     wait until the history this process noticed is written (a cache store writes it
     asynchronously); reply ``flushed`` (``ok``).
@@ -210,7 +212,7 @@ def main() -> None:
 
     def fenced_write(lease: Lease, note: str) -> str:
         try:
-            with lease.fenced():
+            with lease.fenced(using=database):
                 FencedWrite.objects.using(database).create(
                     writer=identity, token=lease.token, note=note
                 )

@@ -162,8 +162,8 @@ class CountingBackend(Backend):
     def flush_history(self, timeout: float | None = None) -> bool:
         return self.real.flush_history(timeout)
 
-    def fenced(self, lease: Lease) -> Any:
-        return self.real.fenced(lease)
+    def fenced(self, lease: Lease, using: str | None = None) -> Any:
+        return self.real.fenced(lease, using)
 
     def describe(self) -> str:
         return self.real.describe()

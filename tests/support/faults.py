@@ -54,8 +54,8 @@ class FaultyBackend(Backend):
     def record(self, kind: str, lease: Lease, detail: str = "") -> None:
         self.real.record(kind, lease, detail)
 
-    def fenced(self, lease: Lease) -> Any:
-        return self.real.fenced(lease)
+    def fenced(self, lease: Lease, using: str | None = None) -> Any:
+        return self.real.fenced(lease, using)
 
     def close(self) -> None:
         self.real.close()
