@@ -150,8 +150,9 @@ class ZooKeeperSettings:
     #: longer. A lease's ttl must not exceed the timeout the ensemble grants (the session's
     #: end frees the lease).
     session_timeout: float | None
-    #: Seconds the first connection may take before a call reports the store unavailable
-    #: (None: the call timeout); the client keeps trying in the background.
+    #: Seconds a call waits for the connection while there is none (at the start, after
+    #: a drop) before it reports the store unavailable (None: the call timeout); the
+    #: client keeps trying in the background.
     connect_timeout: float | None
     #: ``(scheme, credential)`` pairs sent when connecting, e.g. ``("digest", "app:secret")``.
     auth: tuple[tuple[str, str], ...]

@@ -510,11 +510,11 @@ class ZooKeeperBackend(Backend):
             # The grant may still be applied after we gave up: hand it back if it is.
             pending.rawlink(lambda outcome: self._hand_back(outcome, name, holder, token))
             raise
-        if any(isinstance(result, Exception) for result in results):
-            errors = [r for r in results if isinstance(r, Exception)]
-            if any(isinstance(e, (BadVersionError, NodeExistsError, NoNodeError)) for e in errors):
-                return None, self.read(name)
-            raise BackendUnavailable(f"zookeeper: acquisition of {name!r} failed: {errors!r}")
+        failed = _failure(results)
+        if failed is not None:
+            if isinstance(failed[1], BadVersionError | NodeExistsError | NoNodeError):
+                return None, self.read(name)  # another candidate (or request) came first
+            raise BackendUnavailable(f"zookeeper: acquisition of {name!r}: {failed[1]!r}")
         stat = results[-2]
         self._seen(stat.mtime)
         self._versions[(name, holder, token)] = (
@@ -643,7 +643,7 @@ class ZooKeeperBackend(Backend):
 
         client = self.client
         key = (lease.name, lease.holder, lease.token)
-        for attempt in range(3):
+        for _ in range(5):
             known = self._held_version(client, lease)
             if known is None:
                 return False
@@ -660,20 +660,18 @@ class ZooKeeperBackend(Backend):
                 version=record_stat.version,
             )
             results = self._wait(transaction.commit_async())
-            errors = [r for r in results if isinstance(r, Exception)]
-            if not errors:
+            failed = _failure(results)
+            if failed is None:
                 self._versions.pop(key, None)
                 self._seen(results[1].mtime)
                 self._record(EventKind.RELEASED, lease, _time(results[1].mtime))
                 return True
-            if isinstance(errors[0], (NoNodeError,)) or (
-                isinstance(errors[0], BadVersionError) and key in self._versions and attempt
-            ):
-                self._versions.pop(key, None)
-            elif not isinstance(errors[0], BadVersionError):
-                raise BackendUnavailable(f"zookeeper: release of {lease.name!r}: {errors!r}")
+            if not isinstance(failed[1], NoNodeError | BadVersionError):
+                raise BackendUnavailable(f"zookeeper: release of {lease.name!r}: {failed[1]!r}")
+            # The lease znode changed (a renewal we did not see, a successor: look again) or
+            # the name's record did (a hand-over request: try again).
             self._versions.pop(key, None)
-        return False
+        raise BackendUnavailable(f"zookeeper: release of {lease.name!r} kept conflicting")
 
     def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
         from kazoo.exceptions import BadVersionError, NoNodeError
@@ -702,11 +700,11 @@ class ZooKeeperBackend(Backend):
                 version=record_found[1].version,
             )
             results = self._wait(transaction.commit_async())
-            errors = [r for r in results if isinstance(r, Exception)]
-            if errors:
-                if isinstance(errors[0], (BadVersionError, NoNodeError)):
+            failed = _failure(results)
+            if failed is not None:
+                if isinstance(failed[1], BadVersionError | NoNodeError):
                     continue
-                raise BackendUnavailable(f"zookeeper: force release of {name!r}: {errors!r}")
+                raise BackendUnavailable(f"zookeeper: force release of {name!r}: {failed[1]!r}")
             self._seen(results[0].mtime)
             self._versions.pop((name, lease.holder, lease.token), None)
             self._record(
@@ -931,7 +929,7 @@ class ZooKeeperBackend(Backend):
 
     @classmethod
     def check_configuration(cls, conf: LeaderSettings) -> list[CheckMessage]:
-        """E005: kazoo must be installed; E006: a lease ttl above the session timeout."""
+        """E005: kazoo must be installed."""
         from django.core.checks import Error
 
         try:
@@ -942,17 +940,6 @@ class ZooKeeperBackend(Backend):
                     "DJANGO_LEADER['BACKEND'] is the ZooKeeper backend, but kazoo is not installed",
                     hint="pip install 'django-leader[zookeeper]'",
                     id="django_leader.E005",
-                )
-            ]
-        zk = conf.zookeeper or _default_zookeeper()
-        if zk.session_timeout is not None and zk.session_timeout < conf.timing.ttl:
-            return [
-                Error(
-                    f"DJANGO_LEADER['ZOOKEEPER']['SESSION_TIMEOUT'] ({zk.session_timeout:g}s) "
-                    f"is shorter than LEASE_TTL ({conf.timing.ttl:g}s): a session may end, "
-                    "and free the lease, while its holder still believes it leads",
-                    hint="Set SESSION_TIMEOUT >= LEASE_TTL, or leave it None (= LEASE_TTL).",
-                    id="django_leader.E006",
                 )
             ]
         return []
@@ -994,6 +981,18 @@ class ZooKeeperBackend(Backend):
                 logger.debug("closing a ZooKeeper session failed", exc_info=True)
         self._versions.clear()
         self._mine.clear()
+        self._made.clear()
+
+
+def _failure(results: list[Any]) -> tuple[int, Exception] | None:
+    """The operation of a failed ``multi`` that made it fail, and why (the others report
+    ``RolledBackError``); None if it succeeded."""
+    from kazoo.exceptions import RolledBackError
+
+    for index, result in enumerate(results):
+        if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+            return index, result
+    return None
 
 
 def _granted_ms(session: _Session) -> int:
@@ -1129,7 +1128,12 @@ class _Hub:
             # be the head now; woken only if so and the lease is free.
             self._arm(watch, wake_if_free=True)
             return
-        if kind in (("CHANGED", "CREATED") if role == "bell" else ("DELETED",)):
+        if role == "lease":
+            # The name's children changed: woken if the lease znode is gone.
+            if not self._arm_one(watch, role):
+                self._call(watch)
+            return
+        if role == "bell" and kind in ("CHANGED", "CREATED"):
             self._call(watch)
         self._arm_one(watch, role)
 
@@ -1166,12 +1170,26 @@ class _Hub:
 
     def _arm_one(self, watch: _ZkWatch, role: str) -> bool:
         """Watch one znode of ``watch`` (its bell, the lease, its predecessor); whether the
-        znode exists."""
+        znode exists. The lease is watched through its parent's children (created and
+        deleted, not each renewal's change of its data)."""
         backend = self.backend
+        if role == "lease":
+            from kazoo.exceptions import NoNodeError
+
+            parent = backend._name_path(watch.name)
+            for _ in range(2):
+                try:
+                    children = backend._wait(
+                        backend.client.get_children_async(parent, watch=self._event(watch, role))
+                    )
+                except NoNodeError:  # a name never taken: its record, empty, to watch
+                    backend._made.discard(parent)
+                    backend._ensure(backend.client, parent)
+                    continue
+                return "lease" in children
+            return False
         if role == "bell":
             path = backend._bell_path(watch.name, watch.identity)
-        elif role == "lease":
-            path = backend._lease_path(watch.name)
         else:
             path = f"{backend._queue_path(watch.name)}/{watch.predecessor}"
         stat = backend._wait(backend.client.exists_async(path, watch=self._event(watch, role)))

@@ -28,7 +28,7 @@ from tests.support.stores import DATABASE_STORES, open_store, require, stores_db
 pytestmark = stores_db
 
 #: The stores that fence with a fence row: every store but the database backend.
-FENCE_STORES = ["redis", "django-redis"]
+FENCE_STORES = ["redis", "django-redis", "zookeeper"]
 
 #: Long enough that no lease here expires by itself during a case.
 TTL = 30.0

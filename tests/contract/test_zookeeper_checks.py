@@ -1,6 +1,6 @@
 """The ZooKeeper backend's settings and system checks: ``ZOOKEEPER`` validated key by key,
-E005/E006 without the ensemble, and the database-tagged check that reaches it (W017 when it
-does not answer, E007 when it grants sessions shorter than ``LEASE_TTL``)."""
+E005 without the ensemble, and the database-tagged check that reaches it (W017 when it
+does not answer)."""
 
 from __future__ import annotations
 
@@ -78,11 +78,13 @@ def test_good_zookeeper_settings_are_read(settings: Any) -> None:
     assert zk.acl == ("digest:app:hash:rwcda", "world:anyone:r")
 
 
-def test_e006_session_timeout_below_the_lease_ttl(settings: Any) -> None:
-    configure(settings, LEASE_TTL=15, ZOOKEEPER={"SESSION_TIMEOUT": 10})
-    assert ids(check_settings()) == ["django_leader.E006"]
-    configure(settings, LEASE_TTL=15, ZOOKEEPER={"SESSION_TIMEOUT": 15})
+def test_e005_needs_kazoo(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    configure(settings)
     assert check_settings() == []
+    monkeypatch.setitem(sys.modules, "kazoo", None)  # import kazoo -> ImportError
+    assert ids(check_settings()) == ["django_leader.E005"]
 
 
 def test_w017_an_ensemble_that_does_not_answer(settings: Any) -> None:
