@@ -218,7 +218,8 @@ def test_holder_stopped_past_its_session(
 
         # Resumed, it finds its deadline passed: it has stepped down, before the successor
         # was elected (its deadline), and its late renewal is refused.
-        lost = holder.wait("lost", timeout=SLACK, token=elected["token"])
+        # (How soon it reports it is no bound of safety: its deadline is, checked below.)
+        lost = holder.wait("lost", token=elected["token"])
         assert lost["cause"] in ("DEADLINE", "IN_FLIGHT", "ANSWERED_LATE", "LOCAL_DEADLINE")
         assert lost["deadline"] <= stopped + ttl
         assert lost["deadline"] <= taken["clock"]
