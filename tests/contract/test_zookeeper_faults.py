@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from django_leader import Elector, NotSupportedError, lock
+from django_leader import Elector
 from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, LossReason, clock
@@ -337,46 +337,3 @@ def test_wiped_server_waits_out_the_lock_delay(server: ZooKeeperServer, terms: T
     assert lease.lost.is_set()
     assert again.lease.token > max(t.lease.token for t in terms.terms if t is not again)
     terms.check()
-
-
-def test_ttl_longer_than_the_granted_session(
-    tmp_path: Path, leader_settings: None, lease_name: str
-) -> None:
-    """A server whose maxSessionTimeout (10 ticks: 2 s) is below the lease's ttl: the
-    acquisition is refused with NotSupportedError saying so; a ttl within it works."""
-    with ZooKeeperServer(tmp_path, max_session_ticks=10) as server:
-        backend = ZooKeeperBackend(hosts=server.hosts, root=new_root(server.hosts))
-        try:
-            refusing = lock(lease_name, ttl=5.0, backend=backend, blocking=False)
-            with pytest.raises(NotSupportedError) as refused, refusing:
-                pass
-            message = str(refused.value)
-            assert "granted a session timeout of 2s" in message, message
-            assert "shorter than the lease ttl 5s" in message, message
-            assert "maxSessionTimeout" in message, message
-            assert backend.read(lease_name) is None
-            with lock(lease_name, ttl=1.5, backend=backend, blocking=False) as lease:
-                assert lease.held
-                assert backend.read(lease_name).token == lease.token
-        finally:
-            backend.shutdown()
-
-
-@pytest.mark.parametrize(
-    ("session_timeout", "errors"), [(5.0, ["django_leader.E006"]), (15.0, []), (None, [])]
-)
-def test_check_session_timeout_shorter_than_the_ttl(
-    settings: Any, session_timeout: float | None, errors: list[str]
-) -> None:
-    from django_leader.conf import get_settings
-
-    settings.DJANGO_LEADER = {
-        **settings.DJANGO_LEADER,
-        "LEASE_TTL": 15.0,
-        "RENEW_INTERVAL": 5.0,
-        "ZOOKEEPER": {"HOSTS": "127.0.0.1:1", "SESSION_TIMEOUT": session_timeout},
-    }
-    found = ZooKeeperBackend.check_configuration(get_settings())
-    assert [message.id for message in found] == errors
-    if errors:
-        assert "SESSION_TIMEOUT'] (5s) is shorter than LEASE_TTL (15s)" in found[0].msg
