@@ -64,6 +64,7 @@ nitpick_ignore = [
     # documented by the contract they implement (Backend.slots, Backend.now_expression).
     ("py:class", "DatabaseSlots"),
     ("py:class", "RedisSlots"),
+    ("py:class", "ZooKeeperSlots"),
     ("py:class", "django_leader.backends.sql.StoreNow"),
     ("py:class", "Backend"),  # a forward reference in django_leader.backends.resolve
 ]
