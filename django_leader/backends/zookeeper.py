@@ -84,6 +84,9 @@ ESTIMATE_SLACK = 0.25
 #: longer). A lease expires by its own ttl, so a longer session costs no failover time; it
 #: only has to cover every ttl granted in it (ZooKeeper's default maxSessionTimeout is 40 s).
 DEFAULT_SESSION_TIMEOUT = 30.0
+#: Seconds a session handshake may take before the client gives up on that server and
+#: tries again (kazoo's own bound is the whole session timeout).
+HANDSHAKE_TIMEOUT = 2.0
 #: How long a clock estimate is trusted before the clock znode is written again.
 ESTIMATE_AGE = 30.0
 
@@ -176,6 +179,20 @@ class _Session:
             return result
 
         connection._connect = recording
+        invoke = getattr(connection, "_invoke", None)
+        if invoke is None:  # pragma: no cover - another kazoo
+            return
+        from kazoo.protocol.serialization import Connect
+
+        def handshake(timeout: float, request: Any, *args: Any, **kwargs: Any) -> Any:
+            # kazoo waits up to the whole session timeout for the session handshake: a
+            # server that accepted the connection but does not answer yet (starting,
+            # frozen) would keep us SUSPENDED that long. Give up sooner and try again.
+            if isinstance(request, Connect):
+                timeout = min(timeout, HANDSHAKE_TIMEOUT)
+            return invoke(timeout, request, *args, **kwargs)
+
+        connection._invoke = handshake
 
 
 class ZooKeeperBackend(Backend):
@@ -792,6 +809,9 @@ class ZooKeeperBackend(Backend):
             )
         )
         self._mine[key] = created.rsplit("/", 1)[-1]
+        hub = self._hub
+        if hub is not None:
+            hub.rearm(name, candidate.identity)
 
     def withdraw(self, name: str, identity: str) -> None:
         from kazoo.exceptions import NoNodeError
@@ -1017,8 +1037,8 @@ class _ZkWatch:
         self.closed = False
         #: The connection generation this watch was last armed in.
         self.armed_in = -1
-        #: The node before ours in the queue when last armed.
-        self.predecessor = ""
+        #: The znodes it watches: (kind, path) keys of :attr:`_Hub.paths`.
+        self.keys: set[tuple[str, str]] = set()
 
     @property
     def live(self) -> bool:
@@ -1030,14 +1050,26 @@ class _ZkWatch:
             self.hub.forget(self)
 
 
+#: What a watched znode is to the watches that watch it.
+_LEASE, _BELL, _PREDECESSOR = "lease", "bell", "predecessor"
+
+
 class _Hub:
     """The watches of one backend, and the thread that arms them again after each event
-    (ZooKeeper watches fire once) and calls their callbacks. kazoo calls watch functions
-    on its own thread, which must not block: they only queue work for this one."""
+    (ZooKeeper watches fire once) and calls their callbacks.
+
+    One ZooKeeper watch per znode, shared by every watch of this backend that needs it (a
+    name's race candidates and observers share its lease's; ZooKeeper notifies a session
+    once per event anyway): an event costs one read to watch again, whatever the number of
+    watches it wakes. kazoo calls watch functions on its own thread, which must not block:
+    they only queue work for this one."""
 
     def __init__(self, backend: ZooKeeperBackend) -> None:
         self.backend = backend
         self.watches: set[_ZkWatch] = set()
+        #: (kind, path) -> the watches that watch it, and what it is to each.
+        self.paths: dict[tuple[str, str], dict[_ZkWatch, str]] = {}
+        self.functions: dict[tuple[str, str], tuple[int, Callable[[Any], None]]] = {}
         self.lock = threading.Lock()
         self.generation = 0
         self.work: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -1058,9 +1090,22 @@ class _Hub:
         self.work.put(("arm", watch))
         return watch
 
+    def rearm(self, name: str, identity: str) -> None:
+        """``identity`` joined ``name``'s queue: its watches watch its predecessor now."""
+        with self.lock:
+            mine = [w for w in self.watches if (w.name, w.identity) == (name, identity)]
+        for watch in mine:
+            self.work.put(("arm", watch))
+
     def forget(self, watch: _ZkWatch) -> None:
         with self.lock:
             self.watches.discard(watch)
+            self._unwatch(watch)
+
+    def _unwatch(self, watch: _ZkWatch) -> None:
+        for key in watch.keys:
+            self.paths.get(key, {}).pop(watch, None)
+        watch.keys.clear()
 
     def stop(self) -> None:
         self.stopped = True
@@ -1108,38 +1153,104 @@ class _Hub:
         except Exception:  # pragma: no cover - a callback's own error
             logger.exception("django_leader: a wake-up callback failed")
 
-    def _event(self, watch: _ZkWatch, role: str) -> Callable[[Any], None]:
-        generation = self.generation
-
-        def fired(event: Any) -> None:
-            self.work.put(("fired", (watch, role, event, generation)))
-
-        return fired
-
-    def _fired(self, watch: _ZkWatch, role: str, event: Any, generation: int) -> None:
-        if watch.closed or generation != self.generation:
+    def _fired(self, key: tuple[str, str], event: Any, generation: int) -> None:
+        if generation != self.generation:
             return
+        with self.lock:
+            watching = dict(self.paths.get(key, {}))
         kind = getattr(event, "type", "NONE")
         if kind == "NONE":  # the connection dropped: armed again once it is back
-            watch.armed_in = -1
+            for watch in watching:
+                watch.armed_in = -1
             return
-        if role == "predecessor" and kind == "DELETED":
-            # The one before us left (it leads now, withdrew, or its session ended): we may
-            # be the head now; woken only if so and the lease is free.
-            self._arm(watch, wake_if_free=True)
+        if not watching:
             return
-        if role == "lease":
-            # The name's children changed: woken if the lease znode is gone.
-            if not self._arm_one(watch, role):
+        roles = set(watching.values())
+        if _PREDECESSOR in roles and kind == "DELETED":
+            # The one before them left (it leads now, withdrew, its session ended): each
+            # may be the head now, and is woken only if so and the lease is free.
+            for watch in watching:
+                self._arm(watch, wake_if_free=True)
+            return
+        present = self._watch(key)
+        for watch, role in watching.items():
+            if role == _LEASE and not present:  # the lease znode went
+                if watch.identity is None or self._first(watch):
+                    self._call(watch)
+            elif role == _BELL and kind in ("CHANGED", "CREATED"):
                 self._call(watch)
-            return
-        if role == "bell" and kind in ("CHANGED", "CREATED"):
-            self._call(watch)
-        self._arm_one(watch, role)
+            elif role == _PREDECESSOR and not present:  # went before we watched it again
+                self._arm(watch, wake_if_free=True)
+
+    def _event(self, key: tuple[str, str]) -> Callable[[Any], None]:
+        """The watch function of ``key`` in this connection generation: one function, so
+        that kazoo (which keeps a set of them per znode) calls it once per event."""
+        generation = self.generation
+        known = self.functions.get(key)
+        if known is not None and known[0] == generation:
+            return known[1]
+
+        def fired(event: Any) -> None:
+            self.work.put(("fired", (key, event, generation)))
+
+        self.functions[key] = (generation, fired)
+        return fired
+
+    def _watch(self, key: tuple[str, str]) -> bool:
+        """Set ZooKeeper's watch on ``key`` (kind, path): ``children`` of a name's znode (its
+        lease created, deleted: not each renewal's change of its data), or ``exists`` of a
+        znode. Whether the lease is there / the znode exists."""
+        from kazoo.exceptions import NoNodeError
+
+        backend = self.backend
+        kind, path = key
+        if kind == "exists":
+            stat = backend._wait(backend.client.exists_async(path, watch=self._event(key)))
+            return stat is not None
+        for _ in range(2):
+            try:
+                children = backend._wait(
+                    backend.client.get_children_async(path, watch=self._event(key))
+                )
+            except NoNodeError:  # a name never taken: its record, empty, to watch
+                backend._made.discard(path)
+                backend._ensure(backend.client, path)
+                continue
+            return "lease" in children
+        return False
+
+    def _first(self, watch: _ZkWatch) -> bool:
+        """Whether the head of the queue (by join order) ``watch`` is also first by
+        priority: a queued candidate woken by the store tries at once, so the store wakes
+        it only when it is first in every mode's order (fifo: join order; priority: the
+        highest, then join order). Otherwise it is woken by the releaser (``wake``) or
+        finds its turn when it polls."""
+        from kazoo.exceptions import NoNodeError
+
+        backend, client = self.backend, self.backend.client
+        path = backend._queue_path(watch.name)
+        nodes = backend._queue(client, watch.name)
+        results = [client.get_async(f"{path}/{node}") for node in nodes]
+        priorities: dict[str, int] = {}
+        for node, result in zip(nodes, results, strict=True):
+            try:
+                raw, _ = backend._wait(result)
+            except NoNodeError:
+                continue
+            priorities[node] = int(json.loads(raw).get("priority", 0))
+        prefix = f"c{_digest(watch.identity or '')}-"
+        mine = [p for node, p in priorities.items() if node.startswith(prefix)]
+        return bool(mine) and all(p <= mine[0] for p in priorities.values())
+
+    def _arm_one(self, watch: _ZkWatch, key: tuple[str, str], role: str) -> bool:
+        with self.lock:
+            self.paths.setdefault(key, {})[watch] = role
+            watch.keys.add(key)
+        return self._watch(key)
 
     def _arm(self, watch: _ZkWatch, *, wake_if_free: bool = False) -> None:
-        """Set every watch ``watch`` needs: its bell, and the lease node (a race watcher,
-        the head of a queue) or the node before its own. With ``wake_if_free``, a head
+        """Set every watch ``watch`` needs: its bell, and the lease (a race watcher, the
+        head of a queue) or the candidate before its own. With ``wake_if_free``, a head
         that finds the lease free is woken (its predecessor went, or a reconnection may
         have hidden that)."""
         if watch.closed:
@@ -1147,50 +1258,29 @@ class _Hub:
         backend = self.backend
         client = backend.client
         generation = self.generation
-        backend._ensure(client, backend._bell_path(watch.name, watch.identity))
-        self._arm_one(watch, "bell")
-        role = "lease"
-        if watch.identity is not None:
+        with self.lock:
+            self._unwatch(watch)
+        bell = backend._bell_path(watch.name, watch.identity)
+        backend._ensure(client, bell)
+        self._arm_one(watch, ("exists", bell), _BELL)
+        lease = ("children", backend._name_path(watch.name))
+        if watch.identity is None:
+            self._arm_one(watch, lease, _LEASE)
+        else:
             nodes = backend._queue(client, watch.name)
             prefix = f"c{_digest(watch.identity)}-"
             mine = next((i for i, node in enumerate(nodes) if node.startswith(prefix)), None)
-            if mine is None:
-                role = ""  # not queued: only its bell
-            elif mine > 0:
-                role = "predecessor"
-                watch.predecessor = nodes[mine - 1]
-        if role:
-            present = self._arm_one(watch, role)
-            if not present and role == "predecessor":
-                self._arm(watch, wake_if_free=True)  # gone before we could watch it
-                return
-            if not present and role == "lease" and watch.identity and wake_if_free:
-                self._call(watch)
+            if mine is not None and mine > 0:
+                before = ("exists", f"{backend._queue_path(watch.name)}/{nodes[mine - 1]}")
+                if not self._arm_one(watch, before, _PREDECESSOR):
+                    self._arm(watch, wake_if_free=True)  # gone before we could watch it
+                    return
+            elif (
+                mine == 0
+                and not self._arm_one(watch, lease, _LEASE)
+                and wake_if_free
+                and self._first(watch)
+            ):
+                self._call(watch)  # the head, and the lease is free
+            # (not queued yet: only its bell, until it joins: ZooKeeperBackend.announce)
         watch.armed_in = generation
-
-    def _arm_one(self, watch: _ZkWatch, role: str) -> bool:
-        """Watch one znode of ``watch`` (its bell, the lease, its predecessor); whether the
-        znode exists. The lease is watched through its parent's children (created and
-        deleted, not each renewal's change of its data)."""
-        backend = self.backend
-        if role == "lease":
-            from kazoo.exceptions import NoNodeError
-
-            parent = backend._name_path(watch.name)
-            for _ in range(2):
-                try:
-                    children = backend._wait(
-                        backend.client.get_children_async(parent, watch=self._event(watch, role))
-                    )
-                except NoNodeError:  # a name never taken: its record, empty, to watch
-                    backend._made.discard(parent)
-                    backend._ensure(backend.client, parent)
-                    continue
-                return "lease" in children
-            return False
-        if role == "bell":
-            path = backend._bell_path(watch.name, watch.identity)
-        else:
-            path = f"{backend._queue_path(watch.name)}/{watch.predecessor}"
-        stat = backend._wait(backend.client.exists_async(path, watch=self._event(watch, role)))
-        return stat is not None

@@ -237,16 +237,6 @@ def test_restart_longer_than_the_ttl(server: ZooKeeperServer, terms: Terms) -> N
     terms.check()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent (about 1 run in 3 on a busy machine): after the restart the "
-    "leader's kazoo session stays SUSPENDED for longer than the ttl (12 s) although the "
-    "server serves again within 6 s, every renew() raising BackendUnavailable 'not "
-    "connected (session state SUSPENDED)' until the local deadline; kazoo bounds a "
-    "reconnection handshake by the whole session timeout, and the backend asks for a "
-    "session timeout equal to the ttl, so one handshake stuck on a starting server costs "
-    "the term",
-)
 def test_restart_shorter_than_the_ttl_keeps_the_term(
     server: ZooKeeperServer, lease_name: str
 ) -> None:
