@@ -9,7 +9,7 @@
 #   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
 #   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
 #                each in a venv of its own, where those interpreters exist
-#   make bench   the benchmarks of bench/ (default: elections, about 8 minutes); not in CI
+#   make bench   the benchmarks of bench/ (default: elections, about 10 minutes); not in CI
 #
 # Variables: PYTHON (the interpreter that creates .venv, default python3),
 # PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"), TEST_WORKERS (make
@@ -42,7 +42,7 @@ help:
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
 	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
-	@echo "make bench      benchmarks (BENCH=\"elections ops failover ...\", BENCH_ARGS=...), ~8 min"
+	@echo "make bench      benchmarks (BENCH=\"elections ops failover ...\", BENCH_ARGS=\"--stores zookeeper\"...), ~10 min"
 	@echo "make clean      remove caches, build output and .demo/"
 	@echo "make distclean  clean, and remove .venv too"
 

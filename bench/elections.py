@@ -3,7 +3,8 @@ peers (celery-redbeat, single-beat), measured in one run on this machine.
 
     python bench/elections.py [--trials 20] [--crash-trials 10] [--reference-trials 10]
         [--peer-trials 10] [--parts handover,reference,crash,peers,load]
-        [--sizes 10,100,500] [--stores ...] [--modes race,fifo] [--profile]
+        [--sizes 10,100,500] [--stores postgresql,redis,sqlite,mariadb,zookeeper]
+        [--modes race,fifo] [--profile]
 
 **handover** — three candidate processes of one name (``bench/election_candidate.py``,
 one Elector each, its campaign in the main thread); the leader gets ``SIGTERM``
@@ -11,17 +12,25 @@ one Elector each, its campaign in the main thread); the leader gets ``SIGTERM``
 signal to the next ``elected`` (the new leader's ``on_elected``) is measured, ``--trials``
 times, on PostgreSQL and Redis, in ``race`` and ``fifo`` mode, with the store's wake-ups
 (LISTEN/NOTIFY, pub/sub) and without them (``--no-wakeups``: the followers poll every
-``retry_interval``). The stopped process then campaigns again as a new candidate, as a
+``retry_interval``), and on ZooKeeper (watches) with wake-ups only: its polling is every
+other store's. ZooKeeper is the one of the test project's settings (127.0.0.1:2181 unless
+``DJANGO_LEADER_ZOOKEEPER_HOSTS`` says otherwise), under a ``ROOT`` of this run's own
+(``/django-leader-bench-<pid>``, initialized, deleted at the end), with ``LEASE_TTL`` the
+bench's ttl, so that the session timeout asked for is the ttl (a server grants at least
+two ticks: 4 s on 2181). The stopped process then campaigns again as a new candidate, as a
 replacement process would, without a start-up competing with the next trial for the CPU.
 Before each signal the bench waits a random part of ``retry_interval``, so that the
 signal falls at a random point of the followers' polling. Every call the candidates make
 to the store is traced, which gives where the time of a handover goes (``--profile``
-prints each trial's steps).
+prints each trial's steps). The candidates woken per handover are counted from the trace
+too: the distinct followers whose watch fired between the signal and the next trial's.
 
 **reference** — SQLite and MariaDB (no wake-ups there: polling only), ``race``.
 
 **crash** — ``SIGKILL`` of the leader, with wake-ups: the next leader must wait for the
-lease to expire; the promise is at most ``ttl + retry_interval``. A spare process, loaded
+lease to expire; the promise is at most ``ttl + retry_interval``. (On ZooKeeper the lease
+also goes when the dead holder's session ends, which on 2181 is after 4 s: its ttl of 2 s
+ends it first.) A spare process, loaded
 ahead, replaces the killed one.
 
 **peers** — celery-redbeat (``celery beat -S redbeat.RedBeatScheduler``) and single-beat
@@ -31,13 +40,15 @@ to the next ``beat: Acquired lock`` / ``acquired lock`` line is measured (when t
 reads it: neither logs a precise time). Needs ``pip install celery-redbeat single-beat``
 (``make bench`` installs them).
 
-**load** — what the store counts around one graceful handover with 10, 100 and 500
-waiting candidates (Electors as threads, at most 100 per process), ``race`` and ``fifo``,
-on a private PostgreSQL with ``pg_stat_statements`` and a private Redis (``INFO
-commandstats``), started for the run: the shared servers' counters would count the other
-clients too, and the shared PostgreSQL allows 100 connections (each waiting Elector holds
-one). The handover is ``stop`` of the leading Elector (the same path as SIGTERM); the
-counters are read before it and :data:`LOAD_WINDOW` seconds after, and the idle rate,
+**load** — what the store counts around one graceful handover with 10, 100 and 500 waiting
+candidates (Electors as threads, at most 100 per process), ``race`` and ``fifo``, on a
+private PostgreSQL with ``pg_stat_statements``, a private Redis (``INFO commandstats``)
+and a private ZooKeeper (``mntr``: packets received and sent, reads and writes, watch
+notifications; from ``tests/support/zookeeper_server.py``, whose session bounds allow the
+part's 120-second ttl), started for the run: the shared servers' counters would count the
+other clients too, and the shared PostgreSQL allows 100 connections (each waiting Elector
+holds one). The handover is ``stop`` of the leading Elector (the same path as SIGTERM);
+the counters are read before it and :data:`LOAD_WINDOW` seconds after, and the idle rate,
 measured just before, is subtracted. The trace gives how many candidates were woken and
 how many tried to acquire.
 """
@@ -66,6 +77,7 @@ from pathlib import Path
 from _setup import ROOT, migrate, setup
 
 CANDIDATE = str(Path(__file__).resolve().with_name("election_candidate.py"))
+ZOOKEEPER_BACKEND = "django_leader.backends.zookeeper.ZooKeeperBackend"
 #: The timing of the handover, crash and peer parts: a crash costs at most ttl + retry.
 TTL, RENEW, RETRY = 2.0, 0.5, 1.0
 #: The timing of the load part: long, so that the idle traffic (a heartbeat every ttl/3
@@ -283,6 +295,8 @@ class Series:
     gaps: list[float] = field(default_factory=list)
     stages: list[dict[str, float]] = field(default_factory=list)
     winners: Counter[str] = field(default_factory=Counter)
+    #: Per trial: the distinct followers woken (their watch fired) from the signal on.
+    woken: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -361,6 +375,8 @@ def handover_series(
     start = log.mark()
     every: list[Proc] = []
     spare: Proc | None = None
+    #: (log mark, signalled, victim pid) of each trial, for the wake-ups counted at the end.
+    windows: list[tuple[int, float, int]] = []
 
     def new() -> Proc:
         proc = Proc(log, argv, env, stdin=True)
@@ -393,6 +409,7 @@ def handover_series(
             mark = log.mark()
             victim = next(p for p in running if p.pid == leader)
             signalled = clock()
+            windows.append((mark, signalled, victim.pid))
             os.kill(victim.pid, sig)
             found = log.wait(
                 lambda pid, received, words, old=victim.pid: (
@@ -426,10 +443,29 @@ def handover_series(
                 spare.send("go")
                 running.append(spare)
                 spare = new()
+        series.woken = count_woken(log, windows)
     finally:
         for proc in every:
             proc.kill()
     return series
+
+
+def count_woken(log: Log, windows: list[tuple[int, float, int]]) -> list[int]:
+    """For each trial: the distinct candidates, other than the stopped leader, whose watch
+    fired from its signal until the next trial's (the last: until now)."""
+    counts = []
+    for index, (mark, signalled, victim) in enumerate(windows):
+        end = windows[index + 1][1] if index + 1 < len(windows) else clock()
+        woken = {
+            words[2]
+            for pid, _, words in log.since(mark)
+            if pid != victim
+            and words[:2] == ["T", "woken"]
+            and len(words) > 3
+            and signalled <= float(words[3]) < end
+        }
+        counts.append(len(woken))
+    return counts
 
 
 def summary_row(series: Series, bound: float | None = None) -> str:
@@ -444,6 +480,10 @@ def summary_row(series: Series, bound: float | None = None) -> str:
         ms(pct(gaps, 0.99)),
         ms(max(gaps)),
     ]
+    if series.woken and series.wakeups:
+        cells.append(f"{statistics.median(series.woken):g} (max {max(series.woken)})")
+    else:
+        cells.append("")
     if bound is not None:
         cells.append(f"{sum(g <= bound for g in gaps)} of {len(gaps)}")
     return "| " + " | ".join(cells) + " |"
@@ -609,6 +649,102 @@ class PrivateRedis(PrivateStore):
 
     def stop(self) -> None:
         self.store.stop()
+
+
+#: What ``mntr`` counts that the load part reports (cumulative counters), and its names.
+MNTR_COUNTERS = {
+    "zk_packets_received": "packets received",
+    "zk_packets_sent": "packets sent",
+    "zk_cnt_readlatency": "reads",
+    "zk_cnt_updatelatency": "writes",
+    "zk_sum_node_deleted_watch_count": "watches fired: deleted",
+    "zk_sum_node_changed_watch_count": "watches fired: changed",
+    "zk_sum_node_created_watch_count": "watches fired: created",
+    "zk_sum_node_children_watch_count": "watches fired: children",
+}
+
+
+def mntr(host: str, port: int) -> Counter[str]:
+    """The counters of :data:`MNTR_COUNTERS` from ZooKeeper's ``mntr`` (the one reading
+    counts itself: a packet each way, subtracted with the idle rate)."""
+    from testproject.services import four_letter_word
+
+    found: Counter[str] = Counter()
+    for line in four_letter_word(host, port, "mntr", timeout=5.0).splitlines():
+        key, _, value = line.partition("\t")
+        if key in MNTR_COUNTERS:
+            found[MNTR_COUNTERS[key]] = int(float(value))
+    if not found:
+        raise RuntimeError(f"zookeeper {host}:{port}: mntr answered no counters")
+    return found
+
+
+class ZooKeeperRoot:
+    """A ``ROOT`` of this run's own on a ZooKeeper: initialized (no lock-delay: nothing
+    was ever held there), deleted by :meth:`remove`."""
+
+    def __init__(self, hosts: str, root: str) -> None:
+        from django_leader.backends.zookeeper import ZooKeeperBackend
+
+        self.hosts, self.root = hosts, root
+        self.backend = ZooKeeperBackend(hosts=hosts, root=root)
+        self.backend.initialize()
+
+    def env(self, timing: tuple[float, float, float]) -> dict[str, str]:
+        """The candidates' environment; ``LEASE_TTL`` (the default session timeout asked
+        for) is the candidates' ttl, as a deployment would set it."""
+        ttl, renew, retry = timing
+        return {
+            **base_env(),
+            "DJANGO_LEADER_BACKEND": ZOOKEEPER_BACKEND,
+            "DJANGO_LEADER_ZOOKEEPER_HOSTS": self.hosts,
+            "DJANGO_LEADER_ZOOKEEPER_ROOT": self.root,
+            "DJANGO_LEADER_TTL": f"{ttl:g}",
+            "DJANGO_LEADER_RENEW": f"{renew:g}",
+            "DJANGO_LEADER_RETRY": f"{retry:g}",
+        }
+
+    def remove(self) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            with contextlib.suppress(NoNodeError):
+                self.backend.client.delete(self.root, recursive=True)
+        except Exception as exc:  # best effort: the root is the run's own
+            print(f"  zookeeper: {self.root} not deleted: {exc!r}")
+        finally:
+            self.backend.shutdown()
+
+
+class PrivateZooKeeper(PrivateStore):
+    label = "zookeeper"
+
+    def __init__(self, workdir: Path) -> None:
+        from tests.support.zookeeper_server import ZooKeeperServer, missing
+
+        reason = missing()
+        if reason:
+            raise RuntimeError(reason)
+        # Sessions up to 1000 ticks (200 s): the part's ttl of 120 s needs a session as long.
+        self.server = ZooKeeperServer(workdir / "zk", max_session_ticks=1000)
+        self.server.start()
+        self.root: ZooKeeperRoot | None = None
+
+    def warm_up(self) -> None:
+        self.root = ZooKeeperRoot(self.server.hosts, f"/django-leader-bench-load-{os.getpid()}")
+
+    def env(self) -> dict[str, str]:
+        if self.root is None:
+            return {"DJANGO_LEADER_ZOOKEEPER_HOSTS": self.server.hosts}
+        return self.root.env((LOAD_TTL, LOAD_RENEW, LOAD_RETRY))
+
+    def counts(self) -> Counter[str]:
+        return mntr("127.0.0.1", self.server.port)
+
+    def stop(self) -> None:
+        if self.root is not None:
+            self.root.backend.shutdown()
+        self.server.close()
 
 
 @dataclass
@@ -829,7 +965,9 @@ def base_env() -> dict[str, str]:
     }
 
 
-def store_envs() -> dict[str, dict[str, str]]:
+def store_envs(wanted: list[str], roots: list[ZooKeeperRoot]) -> dict[str, dict[str, str]]:
+    """The environment of the candidates of each reachable store; a ZooKeeper root made
+    for the run is added to ``roots`` (the caller removes them)."""
     from django.conf import settings
 
     found = {}
@@ -844,6 +982,12 @@ def store_envs() -> dict[str, dict[str, str]]:
             "DJANGO_LEADER_BACKEND": "django_leader.backends.cache.CacheBackend",
             "DJANGO_LEADER_CACHE": "redis",
         }
+    zookeeper = getattr(settings, "ZOOKEEPER", None)
+    if zookeeper and "zookeeper" in wanted:
+        migrate("default")  # its history
+        root = ZooKeeperRoot(zookeeper["HOSTS"], f"/django-leader-bench-{os.getpid()}")
+        roots.append(root)
+        found["zookeeper"] = root.env((TTL, RENEW, RETRY))
     return found
 
 
@@ -854,7 +998,7 @@ def versions() -> str:
     from django.db import connections
 
     parts = [f"Python {platform.python_version()}", f"Django {django.get_version()}"]
-    for package in ("psycopg", "redis", "celery", "celery-redbeat", "single-beat"):
+    for package in ("psycopg", "redis", "kazoo", "celery", "celery-redbeat", "single-beat"):
         try:
             from importlib.metadata import version
 
@@ -876,6 +1020,16 @@ def versions() -> str:
 
         client = redis_client(caches["redis"])
         servers.append(f"Redis {client.info('server')['redis_version']}")
+    except Exception:
+        pass
+    try:
+        from django.conf import settings
+
+        from testproject.services import four_letter_word
+
+        host, _, port = settings.ZOOKEEPER["HOSTS"].split(",")[0].rpartition(":")
+        srvr = four_letter_word(host, int(port), "srvr")
+        servers.append(f"ZooKeeper {srvr.split()[2].split('-')[0]}")
     except Exception:
         pass
     return ", ".join(parts + servers)
@@ -916,18 +1070,37 @@ def main() -> None:
     parser.add_argument("--peer-trials", type=int, default=10)
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--sizes", default="10,100,500", help="waiting candidates (load)")
-    parser.add_argument("--stores", default="postgresql,redis,sqlite,mariadb")
+    parser.add_argument(
+        "--stores",
+        default="postgresql,redis,sqlite,mariadb,zookeeper",
+        help="which stores (e.g. --stores zookeeper: only ZooKeeper; the peers run with redis)",
+    )
     parser.add_argument("--modes", default="race,fifo")
     parser.add_argument("--profile", action="store_true", help="print every trial's steps")
     args = parser.parse_args()
-    parts = [part for part in PARTS if part in args.parts.split(",")]
     began = clock()
     setup()
+    roots: list[ZooKeeperRoot] = []
+    try:
+        run(args, roots, began)
+    finally:
+        for root in roots:
+            root.remove()
+
+
+#: The stores of the handover and crash parts, and which wake-up settings each is run
+#: with (ZooKeeper's polling would be every other store's: not run).
+HANDOVER_STORES = {"postgresql": (True, False), "redis": (True, False), "zookeeper": (True,)}
+
+
+def run(args: argparse.Namespace, roots: list[ZooKeeperRoot], began: float) -> None:
     from django.conf import settings
 
     from testproject.services import UNAVAILABLE
 
-    envs = {k: v for k, v in store_envs().items() if k in args.stores.split(",")}
+    parts = [part for part in PARTS if part in args.parts.split(",")]
+    wanted = args.stores.split(",")
+    envs = {k: v for k, v in store_envs(wanted, roots).items() if k in wanted}
     modes = [m for m in ("race", "fifo") if m in args.modes.split(",")]
     log = Log()
     print(f"# elections bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
@@ -947,9 +1120,9 @@ def main() -> None:
     for part in parts:
         part_began = clock()
         if part == "handover":
-            for store in ("postgresql", "redis"):
+            for store, wakeup_cases in HANDOVER_STORES.items():
                 for mode in modes:
-                    for wakeups in (True, False):
+                    for wakeups in wakeup_cases:
                         if store in envs:
                             handover.append(
                                 handover_series(
@@ -981,7 +1154,7 @@ def main() -> None:
                     )
                     print(f"  {summary_row(handover[-1])}", flush=True)
         elif part == "crash":
-            for store in ("postgresql", "redis"):
+            for store in HANDOVER_STORES:
                 for mode in modes:
                     if store in envs:
                         crash.append(
@@ -1026,7 +1199,7 @@ def report(
     if handover:
         print("## Graceful handover: SIGTERM of the leader → the next one elected\n")
         print_table(
-            ["store", "mode", "wake-ups", "signal", "trials", "median", "p99", "max"],
+            ["store", "mode", "wake-ups", "signal", "trials", "median", "p99", "max", "woken"],
             [summary_row(s) for s in handover],
         )
         print("Where the time goes: median of each step over the trials, in ms\n")
@@ -1054,7 +1227,18 @@ def report(
         bound = TTL + RETRY
         print(f"## Crash failover: SIGKILL of the leader (promise ≤ ttl + retry = {bound:g} s)\n")
         print_table(
-            ["store", "mode", "wake-ups", "signal", "trials", "median", "p99", "max", "within"],
+            [
+                "store",
+                "mode",
+                "wake-ups",
+                "signal",
+                "trials",
+                "median",
+                "p99",
+                "max",
+                "woken",
+                "within",
+            ],
             [summary_row(s, TTL + RETRY) for s in crash],
         )
     if peers:
@@ -1105,6 +1289,7 @@ def run_load(log: Log, sizes: list[int], stores: list[str], modes: list[str]) ->
     makers = {
         "postgresql": lambda: PrivatePostgres(workdir / "pg", max(sizes) + 100),
         "redis": lambda: PrivateRedis(workdir),
+        "zookeeper": lambda: PrivateZooKeeper(workdir),
     }
     try:
         for label, make in makers.items():
@@ -1168,7 +1353,12 @@ CLIENT_COMMANDS = {
 
 def load_row(result: Load) -> str:
     totals = [sum(r.values()) for r in result.rounds]
-    if result.store == "redis":
+    if result.store == "zookeeper":
+        # requests: what the clients sent; commands run: the reads and writes among them
+        # (a multi is one write); the rest of the row is what mntr counted besides.
+        requests = [r.get("packets received", 0.0) for r in result.rounds]
+        totals = [r.get("reads", 0.0) + r.get("writes", 0.0) for r in result.rounds]
+    elif result.store == "redis":
         requests = [
             sum((v for k, v in r.items() if k in CLIENT_COMMANDS), 0.0) for r in result.rounds
         ]
