@@ -24,6 +24,7 @@ from django.urls import reverse
 
 from django_leader.admin.constants import FLAPPING_TRANSITIONS
 from django_leader.backends import get_backend
+from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.election import Candidate
 from django_leader.models import LeaseEvent
 from tests.support.stores import (
@@ -70,7 +71,7 @@ def leader_store(request: pytest.FixtureRequest) -> Iterator[Any]:
         finally:
             backend.flush_history(10)
             backend.close()
-            if store_id == "zookeeper":
+            if isinstance(backend, ZooKeeperBackend):
                 backend.shutdown()
 
 
