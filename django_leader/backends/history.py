@@ -113,3 +113,23 @@ _writers: weakref.WeakSet[HistoryWriter] = weakref.WeakSet()
 def _flush_at_exit() -> None:
     for writer in list(_writers):
         writer.flush(EXIT_FLUSH_TIMEOUT)
+
+
+class WrittenAfterwards:
+    """For a store that is not the history database (Redis, ZooKeeper): history events go
+    through a :class:`HistoryWriter` (``self._history``, None without history), written
+    after the lease operation, best effort."""
+
+    _history: HistoryWriter | None
+
+    def record(self, kind: str, lease: Lease, detail: str = "") -> None:
+        self._record(kind, lease, None, detail=detail)
+
+    def _record(
+        self, kind: str, lease: Lease, at: datetime | None, detail: str = "", actor: str = ""
+    ) -> None:
+        if self._history is not None:
+            self._history.record(kind, lease, at, detail=detail, actor=actor)
+
+    def flush_history(self, timeout: float | None = None) -> bool:
+        return self._history.flush(timeout) if self._history is not None else True

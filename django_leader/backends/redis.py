@@ -76,7 +76,7 @@ from ..exceptions import BackendUnavailable
 from ..lease import EventKind, Lease
 from . import redis_scripts as scripts
 from .base import Backend, Watch
-from .history import HistoryWriter
+from .history import HistoryWriter, WrittenAfterwards
 from .wakeups import WakeHub, channel
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisBackend(Backend):
+class RedisBackend(WrittenAfterwards, Backend):
     """Leases in the Redis behind ``DJANGO_LEADER["CACHE"]`` (default ``"default"``)."""
 
     def __init__(self, cache: str | None = None, *, timeout: float | None = None) -> None:
@@ -463,18 +463,6 @@ class RedisBackend(Backend):
             actor=actor,
         )
         return lease
-
-    def record(self, kind: str, lease: Lease, detail: str = "") -> None:
-        self._record(kind, lease, None, detail=detail)
-
-    def _record(
-        self, kind: str, lease: Lease, at: datetime | None, detail: str = "", actor: str = ""
-    ) -> None:
-        if self._history is not None:
-            self._history.record(kind, lease, at, detail=detail, actor=actor)
-
-    def flush_history(self, timeout: float | None = None) -> bool:
-        return self._history.flush(timeout) if self._history is not None else True
 
     def close(self) -> None:
         """Connections are pooled by redis-py and shared by threads: nothing per thread."""

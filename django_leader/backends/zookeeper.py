@@ -64,7 +64,7 @@ from ..conf import ZooKeeperSettings, get_settings, lock_delay
 from ..exceptions import BackendUnavailable, NotSupportedError
 from ..lease import EventKind, Lease
 from .base import Backend, Watch
-from .history import HistoryWriter
+from .history import HistoryWriter, WrittenAfterwards
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
@@ -195,7 +195,7 @@ class _Session:
         connection._invoke = handshake
 
 
-class ZooKeeperBackend(Backend):
+class ZooKeeperBackend(WrittenAfterwards, Backend):
     """Leases in the ZooKeeper ensemble of ``DJANGO_LEADER["ZOOKEEPER"]``."""
 
     def __init__(
@@ -915,19 +915,6 @@ class ZooKeeperBackend(Backend):
             )
             return lease
         raise BackendUnavailable(f"zookeeper: hand-over request for {name!r} kept conflicting")
-
-    # -- history ----------------------------------------------------------------------------
-    def record(self, kind: str, lease: Lease, detail: str = "") -> None:
-        self._record(kind, lease, None, detail=detail)
-
-    def _record(
-        self, kind: str, lease: Lease, at: datetime | None, detail: str = "", actor: str = ""
-    ) -> None:
-        if self._history is not None:
-            self._history.record(kind, lease, at, detail=detail, actor=actor)
-
-    def flush_history(self, timeout: float | None = None) -> bool:
-        return self._history.flush(timeout) if self._history is not None else True
 
     # -- beat slot records ------------------------------------------------------------------
     #: Beat slot records are znodes beside the lease's, written in a ``multi`` that checks

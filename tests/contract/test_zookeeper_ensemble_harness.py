@@ -13,17 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.stores import REQUIRE_SERVICES
 from tests.support.waiting import wait_until
-from tests.support.zookeeper_server import ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.zookeeper_server import ZooKeeperEnsemble, ZooKeeperServer, skip_without_kazoo
 
-try:
-    from kazoo.client import KazooClient
-    from kazoo.exceptions import ConnectionLoss, SessionExpiredError
-except ImportError:  # in CI (the dev extra has it) a collection error, not a skip
-    if REQUIRE_SERVICES:
-        raise
-    pytest.skip("zookeeper: Python package 'kazoo' not installed", allow_module_level=True)
+skip_without_kazoo()
+from kazoo.client import KazooClient  # noqa: E402
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 

@@ -32,16 +32,10 @@ from django_leader import Elector
 from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, LossReason, clock
-from tests.support.stores import REQUIRE_SERVICES
 from tests.support.waiting import wait_until
-from tests.support.zookeeper_server import ZooKeeperServer
+from tests.support.zookeeper_server import ZooKeeperServer, skip_without_kazoo
 
-try:
-    import kazoo  # noqa: F401
-except ImportError:  # in CI (the dev extra has it) a collection error, not a skip
-    if REQUIRE_SERVICES:
-        raise
-    pytest.skip("zookeeper: Python package 'kazoo' not installed", allow_module_level=True)
+skip_without_kazoo()
 
 # They start JVMs, as the process tests start processes.
 pytestmark = pytest.mark.multiprocess

@@ -33,16 +33,12 @@ import pytest
 from django_leader import BackendUnavailable
 from django_leader.backends.zookeeper import ZooKeeperBackend, encode_name
 from django_leader.lease import clock
-from tests.support.stores import REQUIRE_SERVICES, ROOT
+from tests.support.stores import ROOT
 from tests.support.waiting import wait_until
-from tests.support.zookeeper_server import ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.zookeeper_server import ZooKeeperEnsemble, ZooKeeperServer, skip_without_kazoo
 
-try:
-    from kazoo.client import KazooClient
-except ImportError:  # in CI (the dev extra has it) a collection error, not a skip
-    if REQUIRE_SERVICES:
-        raise
-    pytest.skip("zookeeper: Python package 'kazoo' not installed", allow_module_level=True)
+skip_without_kazoo()
+from kazoo.client import KazooClient  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 

@@ -23,6 +23,7 @@ import socket
 import subprocess
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import pytest
 
@@ -197,7 +198,48 @@ class _Node:
         return f"{self.workdir.name} ({state}, mode {self.mode()}):\n  " + "\n  ".join(tail)
 
 
-class ZooKeeperServer:
+class _Started:
+    """Started on ``with`` (and stopped if that fails half-way), every process killed on
+    the way out, whatever happened."""
+
+    def start_all(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _S) -> _S:
+        try:
+            self.start_all()
+        except BaseException:  # __exit__ is not called when __enter__ fails
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+_S = TypeVar("_S", bound=_Started)
+
+
+def skip_without_kazoo() -> None:
+    """At a test module's import: skip it when kazoo is missing (in CI, with
+    ``DJANGO_LEADER_REQUIRE_SERVICES=1``, fail instead: the dev extra has it)."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        if REQUIRE_SERVICES:
+            raise
+        pytest.skip("zookeeper: Python package 'kazoo' not installed", allow_module_level=True)
+
+
+class ZooKeeperServer(_Started):
     """A standalone ZooKeeper on a free port of 127.0.0.1 with a data directory of its own.
 
     ``tick_ms`` is the server's tickTime: it grants sessions between 2 and
@@ -276,29 +318,16 @@ class ZooKeeperServer:
         """Delete the data directory while stopped: started again, the server is empty."""
         self.node.wipe()
 
+    def start_all(self) -> None:
+        if not self.running:
+            self.start()
+
     def close(self) -> None:
         """Kill the process if it runs; the data directory stays with ``tmp_path``."""
         self.node.kill()
 
-    def __enter__(self) -> ZooKeeperServer:
-        if not self.running:
-            try:
-                self.start()
-            except BaseException:  # __exit__ is not called when __enter__ fails
-                self.close()
-                raise
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(_Started):
     """``size`` QuorumPeerMain processes on 127.0.0.1 forming one ensemble; nodes are
     numbered from 0 (``myid`` is the index + 1), each with a client, a quorum and an
     election port and a data directory of its own.
@@ -421,23 +450,10 @@ class ZooKeeperEnsemble:
     def resume(self, index: int) -> None:
         self.nodes[index].signal(signal.SIGCONT)
 
+    def close(self) -> None:
+        self.stop_all()
+
     def stop_all(self) -> None:
         """Kill every node (the ensemble's data stays with ``tmp_path``)."""
         for node in self.nodes:
             node.kill()
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        try:
-            self.start_all()
-        except BaseException:  # __exit__ is not called when __enter__ fails
-            self.stop_all()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop_all()
