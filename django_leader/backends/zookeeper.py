@@ -752,11 +752,18 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
     def names(self) -> list[str]:
         from kazoo.exceptions import NoNodeError
 
+        client = self.client
         try:
-            children = self._wait(self.client.get_children_async(f"{self.root}/names"))
+            children = self._wait(client.get_children_async(f"{self.root}/names"))
         except NoNodeError:
             return []
-        return sorted(unquote(child) for child in children)
+        # A name's record is made empty by a watcher of a name never taken: not a lease.
+        results = [(child, client.get_async(f"{self.root}/names/{child}")) for child in children]
+        return sorted(
+            unquote(child)
+            for child, result in results
+            if (found := self._read_result(result)) is not None and "token" in found[0]
+        )
 
     # -- candidates -------------------------------------------------------------------------
     def _queue(self, client: Any, name: str) -> list[str]:
