@@ -55,6 +55,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -87,8 +88,29 @@ DEFAULT_SESSION_TIMEOUT = 30.0
 #: Seconds a session handshake may take before the client gives up on that server and
 #: tries again (kazoo's own bound is the whole session timeout).
 HANDSHAKE_TIMEOUT = 2.0
+#: Session handshakes in a row that may fail before the client forgets the newest
+#: transaction it has seen (which a server that lost its data refuses for ever).
+HANDSHAKES_REFUSED = 3
 #: How long a clock estimate is trusted before the clock znode is written again.
 ESTIMATE_AGE = 30.0
+
+
+@dataclass
+class _Held:
+    """What this backend knows of a lease znode it wrote (see ``_held``)."""
+
+    #: The lease znode's version after our last write.
+    version: int
+    #: Its ``mtime`` then (the ensemble's milliseconds), and the ttl written.
+    mtime: int
+    ttl: int
+    #: The timeout granted to the session that owns it, in ms: 0 for a persistent znode
+    #: (or not known), -1 for another session's.
+    granted: int
+    #: The version of the name's record when we last read or wrote it. Every grant changes
+    #: the record, so a write conditional on this version cannot land on a lease znode made
+    #: by a later grant (whose version restarts at 0 and may equal ours).
+    record_version: int
 
 
 def _time(ms: int | float) -> datetime:
@@ -161,11 +183,11 @@ class _Session:
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
             command_retry=None,
         )
-        self._wrap_connect()
+        self._wrap_connect(conf)
         self.client.add_listener(on_state)
         self.started = self.client.start_async()
 
-    def _wrap_connect(self) -> None:
+    def _wrap_connect(self, conf: ZooKeeperSettings) -> None:
         """Learn the session timeout the ensemble granted (it may clamp the one asked to its
         min/maxSessionTimeout): kazoo keeps it only as the read timeout, 2/3 of it."""
         connection = getattr(self.client, "_connection", None)
@@ -184,13 +206,36 @@ class _Session:
             return
         from kazoo.protocol.serialization import Connect
 
+        client = self.client
+        refused = [0]
+
         def handshake(timeout: float, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(request, Connect):
+                return invoke(timeout, request, *args, **kwargs)
             # kazoo waits up to the whole session timeout for the session handshake: a
             # server that accepted the connection but does not answer yet (starting,
             # frozen) would keep us SUSPENDED that long. Give up sooner and try again.
-            if isinstance(request, Connect):
-                timeout = min(timeout, HANDSHAKE_TIMEOUT)
-            return invoke(timeout, request, *args, **kwargs)
+            try:
+                result = invoke(min(timeout, HANDSHAKE_TIMEOUT), request, *args, **kwargs)
+            except Exception:
+                refused[0] += 1
+                if refused[0] >= HANDSHAKES_REFUSED and client.last_zxid:
+                    # A server that lost its data (wiped, restored from an older snapshot)
+                    # refuses every client that has seen a newer transaction than its own,
+                    # for ever. The store's loss is then noticed like any other (its marker
+                    # is missing: the lock-delay); to get there, connect as a new client.
+                    logger.warning(
+                        "zookeeper %r refused %d session handshakes in a row: if it lost "
+                        "its data it refuses clients that saw newer transactions; "
+                        "connecting again as a new client",
+                        conf.hosts,
+                        refused[0],
+                    )
+                    client.last_zxid = 0
+                    refused[0] = 0
+                raise
+            refused[0] = 0
+            return result
 
         connection._invoke = handshake
 
@@ -227,9 +272,8 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         )
         #: (ensemble ms, time.monotonic()) of the latest write seen: the clock estimate.
         self._clock: tuple[int, float] | None = None
-        #: (name, holder, token) -> (version, mtime ms, ttl ms, session timeout ms granted to
-        #: its owner, 0 if unknown) of a lease node we wrote.
-        self._versions: dict[tuple[str, str, int], tuple[int, int, int, int]] = {}
+        #: (name, holder, token) -> what we know of the lease znode we wrote.
+        self._versions: dict[tuple[str, str, int], _Held] = {}
         #: (name, identity) -> path of our candidate node.
         self._mine: dict[tuple[str, str], str] = {}
         self._made: set[str] = set()
@@ -534,11 +578,12 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             raise BackendUnavailable(f"zookeeper: acquisition of {name!r}: {failed[1]!r}")
         stat = results[-2]
         self._seen(stat.mtime)
-        self._versions[(name, holder, token)] = (
-            0,
-            int(stat.mtime),
-            _ms(ttl),
-            _granted_ms(session) if ephemeral else 0,
+        self._versions[(name, holder, token)] = _Held(
+            version=0,
+            mtime=int(stat.mtime),
+            ttl=_ms(ttl),
+            granted=_granted_ms(session) if ephemeral else 0,
+            record_version=int(stat.version),
         )
         lease = Lease(
             name=name,
@@ -568,9 +613,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             return
         if any(isinstance(result, Exception) for result in results):
             return
-        stat = results[-2]
-        lease = Lease(name, holder, token, _time(stat.mtime), None, None, 0)
-        self._versions[(name, holder, token)] = (0, int(stat.mtime), 1000, 0)
+        lease = Lease(name, holder, token, None, None, None, 0)
         threading.Thread(target=self._release_quietly, args=(lease,), daemon=True).start()
 
     def _release_quietly(self, lease: Lease) -> None:
@@ -579,15 +622,22 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         except Exception:  # pragma: no cover - best effort; the lease expires anyway
             logger.debug("handing back a late grant of %r failed", lease.name, exc_info=True)
 
-    def _held_version(self, client: Any, lease: Lease) -> tuple[int, int, int, int] | None:
-        """``(version, mtime, ttl, owner's session timeout or 0)`` of ``lease``'s node if it
-        is still ``lease.holder``'s with ``lease.token``; None if not."""
+    def _held(
+        self, client: Any, lease: Lease, *, fresh: bool = False
+    ) -> tuple[_Held, dict[str, Any]] | None:
+        """What we know of ``lease``'s znode if it is still ``lease.holder``'s with
+        ``lease.token`` (None if not), and the name's record as read (``{}`` if from the
+        cache). ``fresh``: read both, the record first — a grant between the two reads
+        then shows in the lease znode, and one after them in the record's version."""
         key = (lease.name, lease.holder, lease.token)
         known = self._versions.get(key)
-        if known is not None:
-            return known
-        found = self._get(client, self._lease_path(lease.name))
-        if found is None:
+        if known is not None and not fresh:
+            return known, {}
+        record_result = client.get_async(self._name_path(lease.name))
+        lease_result = client.get_async(self._lease_path(lease.name))
+        record_found = self._read_result(record_result)
+        found = self._read_result(lease_result)
+        if found is None or record_found is None:
             return None
         data, stat = found
         if data.get("holder") != lease.holder or int(data.get("token", -1)) != lease.token:
@@ -599,61 +649,75 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             session = self._current
             ours = session is not None and (session.client.client_id or (None,))[0]
             owner = _granted_ms(session) if session and ours == stat.ephemeralOwner else -1
-        return int(stat.version), int(stat.mtime), int(data["ttl"]), owner
+        held = _Held(
+            version=int(stat.version),
+            mtime=int(stat.mtime),
+            ttl=int(data["ttl"]),
+            granted=owner,
+            record_version=int(record_found[1].version),
+        )
+        self._versions[key] = held
+        return held, record_found[0]
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
         from kazoo.exceptions import BadVersionError, NoNodeError
 
         client = self.client
         key = (lease.name, lease.holder, lease.token)
+        lease_path, record_path = self._lease_path(lease.name), self._name_path(lease.name)
         for attempt in range(2):
-            known = self._held_version(client, lease)
-            if known is None:
+            found = self._held(client, lease, fresh=bool(attempt))
+            if found is None:
+                self._versions.pop(key, None)
                 return None
-            version, mtime, old_ttl, granted = known
+            held = found[0]
             # An ephemeral lease is never longer than its session (whose end frees it);
             # -1: another session's, whose timeout we do not know (no longer than before).
-            limit = old_ttl if granted < 0 else granted
+            limit = held.ttl if held.granted < 0 else held.granted
             if limit and _ms(ttl) > limit:
                 raise NotSupportedError(
                     f"cannot renew {lease.name!r} for {ttl:g}s: the session that holds it "
                     f"ends {limit / 1000:g}s after its holder's last message, and its end "
                     "frees the lease"
                 )
-            if self._estimate_ms() is not None and self._passed(mtime + old_ttl)[0]:
+            if self._estimate_ms() is not None and self._passed(held.mtime + held.ttl)[0]:
                 self._versions.pop(key, None)
                 return None
             data = {"holder": lease.holder, "token": lease.token, "ttl": _ms(ttl)}
-            record_result = client.get_async(self._name_path(lease.name))
-            try:
-                stat = self._wait(
-                    client.set_async(
-                        self._lease_path(lease.name), json.dumps(data).encode(), version=version
-                    )
-                )
-            except NoNodeError:
+            transaction = client.transaction()
+            transaction.check(record_path, held.record_version)
+            transaction.set_data(lease_path, json.dumps(data).encode(), version=held.version)
+            pending = transaction.commit_async()
+            record_result = client.get_async(record_path)  # for a hand-over request
+            results = self._wait(pending)
+            failed = _failure(results)
+            if failed is not None:
+                if not isinstance(failed[1], BadVersionError | NoNodeError):
+                    raise BackendUnavailable(f"zookeeper: renewal of {lease.name!r}: {failed[1]!r}")
+                # Another grant, or a hand-over request changed the record: look again.
                 self._versions.pop(key, None)
-                return None
-            except BadVersionError:
-                self._versions.pop(key, None)
-                if attempt:
-                    return None
                 continue
+            stat = results[1]
             self._seen(stat.mtime)
-            if stat.mtime >= mtime + old_ttl:
-                # It had expired before this renewal reached the ensemble: not renewed.
+            if stat.mtime >= held.mtime + held.ttl:
+                # It had expired before this renewal reached the ensemble: not renewed, and
+                # the znode we just wrote goes (nobody else has taken the name: the record
+                # has not changed).
                 self._versions.pop(key, None)
-                with_version = client.delete_async(self._lease_path(lease.name), stat.version)
-                with_version.rawlink(lambda _: None)
+                cleanup = client.transaction()
+                cleanup.check(record_path, held.record_version)
+                cleanup.delete(lease_path, version=stat.version)
+                cleanup.commit_async().rawlink(lambda _: None)
                 return None
-            self._versions[key] = (int(stat.version), int(stat.mtime), _ms(ttl), granted)
+            held.version, held.mtime, held.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
+            self._versions[key] = held
             record_found = self._read_result(record_result)
             record = record_found[0] if record_found else {}
             renewed = self._lease(lease.name, data, stat, record)
             to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
             renewed.handover_to = str(to) if to and until > stat.mtime else ""
             return renewed
-        return None  # pragma: no cover
+        return None
 
     def release(self, lease: Lease) -> bool:
         from kazoo.exceptions import BadVersionError, NoNodeError
@@ -661,20 +725,17 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         client = self.client
         key = (lease.name, lease.holder, lease.token)
         for _ in range(5):
-            known = self._held_version(client, lease)
-            if known is None:
-                return False
-            found = self._get(client, self._name_path(lease.name))
+            found = self._held(client, lease, fresh=True)
             if found is None:
+                self._versions.pop(key, None)
                 return False
-            record, record_stat = found
-            record = {**record, "released": True}
+            held, record = found
             transaction = client.transaction()
-            transaction.delete(self._lease_path(lease.name), version=known[0])
+            transaction.delete(self._lease_path(lease.name), version=held.version)
             transaction.set_data(
                 self._name_path(lease.name),
-                json.dumps(record).encode(),
-                version=record_stat.version,
+                json.dumps({**record, "released": True}).encode(),
+                version=held.record_version,
             )
             results = self._wait(transaction.commit_async())
             failed = _failure(results)
@@ -685,9 +746,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
                 return True
             if not isinstance(failed[1], NoNodeError | BadVersionError):
                 raise BackendUnavailable(f"zookeeper: release of {lease.name!r}: {failed[1]!r}")
-            # The lease znode changed (a renewal we did not see, a successor: look again) or
-            # the name's record did (a hand-over request: try again).
-            self._versions.pop(key, None)
+            # A renewal we did not see, a successor, a hand-over request: look again.
         raise BackendUnavailable(f"zookeeper: release of {lease.name!r} kept conflicting")
 
     def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
@@ -695,8 +754,11 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
 
         client = self.client
         for _ in range(5):
-            found = self._get(client, self._lease_path(name))
-            record_found = self._get(client, self._name_path(name))
+            # The record first: a grant after it shows in its version (the multi fails).
+            record_result = client.get_async(self._name_path(name))
+            lease_result = client.get_async(self._lease_path(name))
+            record_found = self._read_result(record_result)
+            found = self._read_result(lease_result)
             if found is None or record_found is None or not found[0].get("holder"):
                 return None
             data, stat = found

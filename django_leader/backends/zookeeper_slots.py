@@ -68,22 +68,28 @@ class ZooKeeperSlots(SlotStore):
         path = self._path(lease.name, slot.entry)
         exists = True
         for _ in range(5):
-            held = backend._held_version(client, lease)
-            if held is None:
+            found = backend._held(client, lease)
+            if found is None:
                 raise LeadershipLost(
                     f"lease {lease.name!r} is no longer held by {lease.holder} with token "
                     f"{lease.token}"
                 )
+            held = found[0]
             transaction = client.transaction()
-            transaction.check(backend._lease_path(lease.name), held[0])
+            # The record's version first: a later grant's lease znode may have ours.
+            transaction.check(backend._name_path(lease.name), held.record_version)
+            transaction.check(backend._lease_path(lease.name), held.version)
             if exists:
                 transaction.set_data(path, slot.as_json().encode())
             else:
                 transaction.create(path, slot.as_json().encode())
-            lease_check, write = backend._wait(transaction.commit_async())
-            if not isinstance(lease_check, Exception) and not isinstance(write, Exception):
+            record_check, lease_check, write = backend._wait(transaction.commit_async())
+            if not any(isinstance(r, Exception) for r in (record_check, lease_check, write)):
                 return
-            if isinstance(lease_check, Exception) and not isinstance(lease_check, RolledBackError):
+            if any(
+                isinstance(r, Exception) and not isinstance(r, RolledBackError)
+                for r in (record_check, lease_check)
+            ):
                 # The lease znode changed: our own renewal (look again) or a successor.
                 backend._versions.pop((lease.name, lease.holder, lease.token), None)
             elif isinstance(write, NoNodeError | NodeExistsError):
