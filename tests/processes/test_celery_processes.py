@@ -1,6 +1,6 @@
 """Acceptance of the Celery integration with real processes: ``celery -A testproject worker``
 and ``celery -A testproject beat``, Redis as the broker (DB ``CELERY_BROKER_URL`` of the test
-project, default 10, a queue of its own per worker), leases in Redis or PostgreSQL.
+project, default 10, a queue of its own per worker), leases in Redis, PostgreSQL or ZooKeeper.
 
 The tasks (``testproject/demoapp/tasks.py``) record what they run in a file; the beat's
 ``record_slot`` records the slot, fencing token and holder that LeaderScheduler put in its
@@ -34,7 +34,13 @@ from django.db import connections
 
 from testproject.celery import app as project_app  # noqa: F401  (the current app)
 from tests.celeryprocs import STARTUP, CeleryProcess, Processes
-from tests.support.stores import REQUIRE_SERVICES, require, stores_db
+from tests.support.stores import (
+    REQUIRE_SERVICES,
+    require,
+    require_zookeeper,
+    stores_db,
+    zookeeper_backend,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.multiprocess, stores_db]
@@ -70,6 +76,19 @@ STORES = {
         "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
         "DJANGO_LEADER_DATABASE": "postgresql",
     },
+    # The tests' ZooKeeper and root (settings.ZOOKEEPER; None when it does not answer, and
+    # then require_store skips).
+    "zookeeper": {
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.zookeeper.ZooKeeperBackend",
+        **(
+            {
+                "DJANGO_LEADER_ZOOKEEPER_HOSTS": settings.ZOOKEEPER["HOSTS"],
+                "DJANGO_LEADER_ZOOKEEPER_ROOT": settings.ZOOKEEPER["ROOT"],
+            }
+            if settings.ZOOKEEPER
+            else {}
+        ),
+    },
 }
 
 
@@ -94,12 +113,22 @@ def require_broker() -> None:
 def require_store(name: str) -> None:
     if name == "redis":
         require("redis", kind="cache")
+    elif name == "zookeeper":
+        require_zookeeper()
     else:
         require(name)
 
 
+#: The parent's one ZooKeeperBackend (a session), made on first use.
+_zookeeper: list[Any] = []
+
+
 def store_backend(name: str) -> Any:
     """The parent's own view of a store."""
+    if name == "zookeeper":
+        if not _zookeeper:
+            _zookeeper.append(zookeeper_backend())
+        return _zookeeper[0]
     if name == "redis":
         from django_leader.backends.cache import CacheBackend
 
@@ -107,6 +136,14 @@ def store_backend(name: str) -> Any:
     from django_leader.backends.db import DatabaseBackend
 
     return DatabaseBackend(name)
+
+
+def skip_long_ttl_on_zookeeper(store_name: str) -> None:
+    """The tasks with a 60 s ttl cannot lease on the tests' ZooKeeper: it grants sessions of
+    at most 20 x tickTime (40 s on the machine's), and the backend refuses a lease that would
+    outlive its session (NotSupportedError, documented)."""
+    if store_name == "zookeeper":
+        pytest.skip("a 60 s ttl is above the longest session the tests' ZooKeeper grants")
 
 
 def tag() -> str:
@@ -358,6 +395,15 @@ def test_two_beats_persistent_scheduler_leases_in_redis(
     check_record(result, request)
 
 
+def test_two_beats_persistent_scheduler_leases_in_zookeeper(
+    procs: Processes, workers: Workers, request: pytest.FixtureRequest
+) -> None:
+    """Celery's PersistentScheduler, leases and slot records in ZooKeeper (the record
+    written in a ``multi`` that checks the lease znode's version)."""
+    result = failover(procs, workers, "celery.beat:PersistentScheduler", "zookeeper")
+    check_record(result, request)
+
+
 def test_two_beats_database_scheduler_leases_in_postgresql(
     procs: Processes, workers: Workers, request: pytest.FixtureRequest
 ) -> None:
@@ -451,6 +497,7 @@ def test_singleton_revoked_with_terminate_releases_at_once(
     from testproject.demoapp.tasks import singleton_hold_long
 
     _, queue, store_name = worker
+    skip_long_ttl_on_zookeeper(store_name)
     store = store_backend(store_name)
     run = tag()
     name = f"celery-test-long-{run}"
@@ -723,6 +770,7 @@ def test_singleton_past_its_hard_time_limit_frees_its_lock_at_once(
     from testproject.demoapp.tasks import singleton_time_limited
 
     _, queue, store_name = worker
+    skip_long_ttl_on_zookeeper(store_name)
     store = store_backend(store_name)
     run = tag()
     name = f"celery-test-limit-{run}"
