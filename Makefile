@@ -20,7 +20,7 @@
 
 PYTHON ?= python3
 PYTEST_ARGS ?=
-STORES ?= sqlite postgresql mariadb redis
+STORES ?= sqlite postgresql mariadb redis zookeeper
 DURATION ?= 600
 SEED ?= 1
 

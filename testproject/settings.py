@@ -116,7 +116,7 @@ ZOOKEEPER = (
 # Into DJANGO_LEADER only where its validation knows the key (it refuses unknown ones), or
 # where the ZooKeeper backend is asked for (which cannot work without it).
 if ZOOKEEPER and (
-    "ZOOKEEPER" in _LEADER_DEFAULTS or DJANGO_LEADER["BACKEND"].endswith(".ZooKeeperBackend")
+    "ZOOKEEPER" in _LEADER_DEFAULTS or str(DJANGO_LEADER["BACKEND"]).endswith(".ZooKeeperBackend")
 ):
     DJANGO_LEADER["ZOOKEEPER"] = ZOOKEEPER
 

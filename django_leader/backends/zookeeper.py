@@ -1126,6 +1126,10 @@ class _Hub:
         #: (kind, path) -> the watches that watch it, and what it is to each.
         self.paths: dict[tuple[str, str], dict[_ZkWatch, str]] = {}
         self.functions: dict[tuple[str, str], tuple[int, Callable[[Any], None]]] = {}
+        #: Whether the lease znode was there when each name's children were last read, and
+        #: their version then (``cversion``: it counts creations and deletions, so an event
+        #: for a change already seen, or a duplicate, changes nothing).
+        self.present: dict[tuple[str, str], tuple[bool, int]] = {}
         self.lock = threading.Lock()
         self.generation = 0
         self.work: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -1181,7 +1185,7 @@ class _Hub:
                 return
             try:
                 if kind == "arm":
-                    self._arm(item)
+                    self._arm(item, coming_live=item.armed_in == -1)
                 elif kind == "fired":
                     self._fired(*item)
                 elif kind in ("resync", "retry"):
@@ -1228,11 +1232,21 @@ class _Hub:
             for watch in watching:
                 self._arm(watch, wake_if_free=True)
             return
-        present = self._watch(key)
+        before = self.present.get(key, (True, -1))
+        present = self._watch(key)  # (wakes the race watchers if the lease went)
+        changed = self.present.get(key, (present, -1))[1] != before[1]
         for watch, role in watching.items():
-            if role == _LEASE and not present:  # the lease znode went
-                if watch.identity is None or self._first(watch):
-                    self._call(watch)
+            if (
+                role == _LEASE
+                and watch.identity
+                and changed
+                and not present
+                and not self._released(watch.name)
+                and self._first(watch)
+            ):
+                # The head, and the lease is free without a release (its holder's session
+                # ended): nobody else will wake it. (A releaser wakes the next in line.)
+                self._call(watch)
             elif role == _BELL and kind in ("CHANGED", "CREATED"):
                 self._call(watch)
             elif role == _PREDECESSOR and not present:  # went before we watched it again
@@ -1265,15 +1279,34 @@ class _Hub:
             return stat is not None
         for _ in range(2):
             try:
-                children = backend._wait(
-                    backend.client.get_children_async(path, watch=self._event(key))
+                children, stat = backend._wait(
+                    backend.client.get_children_async(
+                        path, watch=self._event(key), include_data=True
+                    )
                 )
             except NoNodeError:  # a name never taken: its record, empty, to watch
                 backend._made.discard(path)
                 backend._ensure(backend.client, path)
                 continue
+            before = self.present.get(key)
+            self.present[key] = ("lease" in children, int(stat.cversion))
+            if before is not None and before[0] and before[1] != stat.cversion:
+                # The lease znode that was there when we last looked went (whether or not
+                # another has taken the name since): every race watcher hears of it, once,
+                # whichever read (an event's, a new watch's) notices.
+                with self.lock:
+                    racing = [w for w, role in self.paths.get(key, {}).items() if role == _LEASE]
+                for watch in racing:
+                    if watch.identity is None:
+                        self._call(watch)
             return "lease" in children
         return False
+
+    def _released(self, name: str) -> bool:
+        """Whether the name's last holder released it (then the releaser wakes the next in
+        line itself), rather than its lease znode going with its session."""
+        found = self.backend._get(self.backend.client, self.backend._name_path(name))
+        return found is not None and bool(found[0].get("released", True))
 
     def _first(self, watch: _ZkWatch) -> bool:
         """Whether the head of the queue (by join order) ``watch`` is also first by
@@ -1304,7 +1337,9 @@ class _Hub:
             watch.keys.add(key)
         return self._watch(key)
 
-    def _arm(self, watch: _ZkWatch, *, wake_if_free: bool = False) -> None:
+    def _arm(
+        self, watch: _ZkWatch, *, wake_if_free: bool = False, coming_live: bool = False
+    ) -> None:
         """Set every watch ``watch`` needs: its bell, and the lease (a race watcher, the
         head of a queue) or the candidate before its own. With ``wake_if_free``, a head
         that finds the lease free is woken (its predecessor went, or a reconnection may
@@ -1339,4 +1374,8 @@ class _Hub:
             ):
                 self._call(watch)  # the head, and the lease is free
             # (not queued yet: only its bell, until it joins: ZooKeeperBackend.announce)
+        if coming_live and watch.identity is None:
+            # A release between its owner's last look and now was missed: as with every
+            # store's wake-ups, a race watcher is woken once as it comes live.
+            self._call(watch)
         watch.armed_in = generation

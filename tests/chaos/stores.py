@@ -2,7 +2,8 @@
 
 Never the machine's shared servers: each store here is a server of its own on a free port
 (``redis-server``; a PostgreSQL cluster made with ``initdb`` and run with ``pg_ctl``; a
-MariaDB made with ``mariadb-install-db`` and run with ``mariadbd``), or a SQLite file, in
+MariaDB made with ``mariadb-install-db`` and run with ``mariadbd``; a standalone ZooKeeper
+run from Debian's jars by ``tests/support/zookeeper_server.py``), or a SQLite file, in
 the run's work directory. As root, PostgreSQL runs as the user ``postgres`` and MariaDB as
 ``mysql``.
 
@@ -506,6 +507,125 @@ class MariaDBStore(Store):
             self.proc.wait()
 
 
+class ZooKeeperStore(Store):
+    """A private standalone ZooKeeper (:class:`tests.support.zookeeper_server.ZooKeeperServer`)
+    with a 200 ms tick, so that it grants sessions as short as the TTL (the candidates ask
+    for LEASE_TTL); the history goes to a SQLite file.
+
+    Besides the faults aimed at the leader (a SIGSTOP of 1.2-2 TTLs outlasts its session,
+    which ends and takes its lease node with it), the server's own:
+
+    ``conn-drop``
+        every client connection to the server aborted on the clients' side (``ss -K``);
+        they reconnect within their session timeout and keep their sessions. Without
+        ``ss -K``, a SIGSTOP of the server for 0.3 TTL.
+    ``zk-pause``
+        SIGSTOP of the server for 0.1-1.5 TTLs, then SIGCONT: sessions whose timeout ran
+        out meanwhile end as it resumes.
+    ``zk-restart``
+        SIGKILL of the server (a crash: its transaction log holds every acknowledged
+        write), down 0.1-1.5 TTLs, started again with its data: sessions live on.
+    ``zk-wipe``
+        SIGKILL, its data directory deleted, down 0.1-1.5 TTLs, started empty: a lost
+        store, so nobody may take the lease for the lock-delay and tokens continue from the
+        clock (lossy). Only with ``CHAOS_ZOOKEEPER_WIPE=1``: the backend does not recover
+        from it yet (a client that saw a later zxid than the emptied server's is refused,
+        "client must try another server", until the server's zxid overtakes it; see
+        tests/processes/test_chaos.py).
+    """
+
+    name = "zookeeper"
+    faults = ("conn-drop", "zk-pause", "zk-restart") + (
+        ("zk-wipe",) if os.environ.get("CHAOS_ZOOKEEPER_WIPE") == "1" else ()
+    )
+    fenced = False
+    #: The candidates' root on the server.
+    ROOT = "/chaos"
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        super().__init__(workdir, ttl)
+        self.history = workdir / "history.sqlite3"
+        self.server: Any = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        from tests.support.zookeeper_server import missing
+
+        reason = missing()
+        if reason is not None:
+            return f"zookeeper: {reason}"
+        try:
+            import kazoo  # noqa: F401
+        except ImportError:
+            return "zookeeper: Python package 'kazoo' not installed"
+        return None
+
+    def start(self) -> None:
+        from tests.support.zookeeper_server import ZooKeeperServer
+
+        if self.server is None:
+            self.server = ZooKeeperServer(self.workdir, tick_ms=200)
+        self.server.start()
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        return {
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
+            "CHAOS_ZOOKEEPER_HOSTS": self.server.hosts,
+            "CHAOS_ZOOKEEPER_ROOT": self.ROOT,
+            "DATABASE_URL": f"sqlite:///{self.history}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.zookeeper.ZooKeeperBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def _drop_connections(self) -> int | None:
+        """Abort every client socket connected to the server (``ss -K``); how many, or
+        None if ``ss`` cannot (not installed, or a kernel without socket destruction)."""
+        if shutil.which("ss") is None:
+            return None
+        done = subprocess.run(
+            ["ss", "-K", "-t", "-n", "state", "established", "dst", "127.0.0.1",
+             "dport", "=", f":{self.server.port}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        lines = [line for line in done.stdout.splitlines()[1:] if line.strip()]
+        return len(lines) if done.returncode == 0 else None
+
+    def _pause(self, seconds: float) -> None:
+        self.server.pause()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.server.resume()
+        self.server.wait_serving()
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        start = clock()
+        if kind == "conn-drop":
+            dropped = self._drop_connections()
+            if dropped is None:
+                self._pause(0.3 * self.ttl)
+                return Injected(start, clock(), lossy=False, detail="paused (no ss -K)")
+            return Injected(start, clock(), lossy=False, detail=f"{dropped} connections")
+        if kind == "zk-pause":
+            paused = rng.uniform(0.1, 1.5) * self.ttl
+            self._pause(paused)
+            return Injected(start, clock(), lossy=False, detail=f"paused {paused:.2f} s")
+        if kind not in ("zk-restart", "zk-wipe"):
+            raise ValueError(kind)
+        self.server.kill()
+        if kind == "zk-wipe":
+            self.server.wipe()
+        down = _down_for(rng, self.ttl)
+        time.sleep(down)
+        self.server.start()
+        return Injected(start, clock(), lossy=kind == "zk-wipe", detail=f"down {down:.2f} s")
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
 #: --store name -> class (``mysql`` is MariaDB too).
 STORES: dict[str, type[Store]] = {
     "sqlite": SQLiteStore,
@@ -513,4 +633,5 @@ STORES: dict[str, type[Store]] = {
     "mariadb": MariaDBStore,
     "mysql": MariaDBStore,
     "redis": RedisStore,
+    "zookeeper": ZooKeeperStore,
 }

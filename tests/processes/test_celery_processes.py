@@ -1,6 +1,6 @@
 """Acceptance of the Celery integration with real processes: ``celery -A testproject worker``
 and ``celery -A testproject beat``, Redis as the broker (DB ``CELERY_BROKER_URL`` of the test
-project, default 10, a queue of its own per worker), leases in Redis or PostgreSQL.
+project, default 10, a queue of its own per worker), leases in Redis, PostgreSQL or ZooKeeper.
 
 The tasks (``testproject/demoapp/tasks.py``) record what they run in a file; the beat's
 ``record_slot`` records the slot, fencing token and holder that LeaderScheduler put in its
@@ -34,7 +34,13 @@ from django.db import connections
 
 from testproject.celery import app as project_app  # noqa: F401  (the current app)
 from tests.celeryprocs import STARTUP, CeleryProcess, Processes
-from tests.support.stores import REQUIRE_SERVICES, require, stores_db
+from tests.support.stores import (
+    REQUIRE_SERVICES,
+    require,
+    require_zookeeper,
+    stores_db,
+    zookeeper_backend,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.multiprocess, stores_db]
@@ -70,6 +76,19 @@ STORES = {
         "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
         "DJANGO_LEADER_DATABASE": "postgresql",
     },
+    # The tests' ZooKeeper and root (settings.ZOOKEEPER; None when it does not answer, and
+    # then require_store skips).
+    "zookeeper": {
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.zookeeper.ZooKeeperBackend",
+        **(
+            {
+                "DJANGO_LEADER_ZOOKEEPER_HOSTS": settings.ZOOKEEPER["HOSTS"],
+                "DJANGO_LEADER_ZOOKEEPER_ROOT": settings.ZOOKEEPER["ROOT"],
+            }
+            if settings.ZOOKEEPER
+            else {}
+        ),
+    },
 }
 
 
@@ -94,12 +113,22 @@ def require_broker() -> None:
 def require_store(name: str) -> None:
     if name == "redis":
         require("redis", kind="cache")
+    elif name == "zookeeper":
+        require_zookeeper()
     else:
         require(name)
 
 
+#: The parent's one ZooKeeperBackend (a session), made on first use.
+_zookeeper: list[Any] = []
+
+
 def store_backend(name: str) -> Any:
     """The parent's own view of a store."""
+    if name == "zookeeper":
+        if not _zookeeper:
+            _zookeeper.append(zookeeper_backend())
+        return _zookeeper[0]
     if name == "redis":
         from django_leader.backends.cache import CacheBackend
 
@@ -355,6 +384,15 @@ def test_two_beats_persistent_scheduler_leases_in_redis(
     """Celery's PersistentScheduler (a schedule file per beat), leases and slot records
     in Redis (the Lua-fenced record)."""
     result = failover(procs, workers, "celery.beat:PersistentScheduler", "redis")
+    check_record(result, request)
+
+
+def test_two_beats_persistent_scheduler_leases_in_zookeeper(
+    procs: Processes, workers: Workers, request: pytest.FixtureRequest
+) -> None:
+    """Celery's PersistentScheduler, leases and slot records in ZooKeeper (the record
+    written in a ``multi`` that checks the lease znode's version)."""
+    result = failover(procs, workers, "celery.beat:PersistentScheduler", "zookeeper")
     check_record(result, request)
 
 

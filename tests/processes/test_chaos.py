@@ -3,17 +3,26 @@
 Each store is a private instance the harness starts itself (see tests/chaos/stores.py), so
 the shared servers are never restarted or flushed. The long run is ``make chaos``
 (docs/chaos.md).
+
+Below them, what the chaos runs on ZooKeeper found, each made into a test that fails
+deterministically without a fault injector.
 """
 
 from __future__ import annotations
 
 import shutil
+import uuid
+from pathlib import Path
 
 import pytest
 
+from django_leader import BackendUnavailable, Lease
+from django_leader.conf import lock_delay
 from tests.chaos import harness, report
 from tests.chaos.stores import STORES
-from tests.support.stores import REQUIRE_SERVICES
+from tests.support.stores import REQUIRE_SERVICES, stores_db, zookeeper_backend
+from tests.support.waiting import wait_until
+from tests.support.zookeeper_server import ZooKeeperServer
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,7 +30,7 @@ DURATION = 30.0
 SEED = 10
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql", "mariadb", "redis"])
+@pytest.mark.parametrize("store", ["sqlite", "postgresql", "mariadb", "redis", "zookeeper"])
 def test_no_violation_under_faults(store: str) -> None:
     reason = STORES[store].unavailable()
     if reason is not None:
@@ -42,3 +51,59 @@ def test_no_violation_under_faults(store: str) -> None:
         f"{summary['violations_by_check']}; logs in {outcome.workdir}:\n{details}"
     )
     shutil.rmtree(outcome.workdir, ignore_errors=True)
+
+
+# -- found on ZooKeeper ----------------------------------------------------------------------
+@stores_db
+def test_zookeeper_late_release_of_an_expired_lease_leaves_the_new_holders_alone() -> None:
+    """The old holder's lease expires and another takes the name over; the old holder's
+    release, made late (its connection was down when it stepped down), must not end the new
+    holder's lease."""
+    old, new = zookeeper_backend(), zookeeper_backend()
+    name = f"late-release-{uuid.uuid4().hex[:10]}"
+    try:
+        stale, _ = old.acquire(name, "old", 0.3)
+        assert stale is not None
+        taken = wait_until(lambda: new.acquire(name, "new", 10.0)[0], timeout=10.0)
+        assert taken.token > stale.token
+        released = old.release(stale)
+        current = new.read(name)
+        assert (released, current and current.holder) == (False, "new"), (released, current)
+    finally:
+        for backend in (old, new):
+            backend.flush_history(10.0)
+        new.client.delete(new._name_path(name), recursive=True)
+        old.shutdown()
+        new.shutdown()
+
+
+@stores_db
+def test_zookeeper_backend_leads_again_after_its_server_lost_its_data(tmp_path: Path) -> None:
+    """A private server is killed, its data wiped and started again: a store that lost its
+    state. The backend that used it takes the lease again once the lock-delay has passed
+    (plus a few seconds to reconnect), with a greater token."""
+    ttl = 2.0
+    with ZooKeeperServer(tmp_path) as server:
+        backend = zookeeper_backend(hosts=server.hosts)
+        name = f"wiped-{uuid.uuid4().hex[:10]}"
+        try:
+            first, _ = backend.acquire(name, "holder", ttl)
+            assert first is not None and backend.release(first)
+            for index in range(50):  # a zxid well ahead of an emptied server's
+                lease, _ = backend.acquire(f"{name}-{index}", "holder", ttl)
+                assert lease is not None and backend.release(lease)
+            server.kill()
+            server.wipe()
+            server.start()
+
+            def acquired() -> Lease | None:
+                try:
+                    return backend.acquire(name, "holder", ttl)[0]
+                except BackendUnavailable:
+                    return None
+
+            again = wait_until(acquired, timeout=lock_delay(ttl) + 5.0, message="never led again")
+            assert again.token > first.token
+        finally:
+            backend.flush_history(10.0)
+            backend.shutdown()

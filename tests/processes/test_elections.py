@@ -10,8 +10,10 @@ process of the machine), so the reports of two processes can be put in order. Ev
 asserted is a bound from the contract (docs/, the elections issue) plus a margin for a
 process to report on a loaded machine, not a benchmark.
 
-The last test runs its Electors as threads of this process (hundreds of them), each with a
-store connection of its own, to count what one hand-over costs the store.
+The herd tests run their Electors as threads of this process (hundreds of them), each with
+a store connection of its own, to count what one hand-over costs the store. On ZooKeeper,
+the tests that restart the server or need long sessions run a server of their own
+(tests/support/zookeeper_server.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from django_leader import Elector
 from django_leader.backends.base import Backend
 from django_leader.backends.cache import CacheBackend
 from django_leader.backends.db import DatabaseBackend
+from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.lease import LossReason, clock
 from tests.support.cluster import (
     PATIENCE,
@@ -49,7 +52,9 @@ from tests.support.cluster import (
     wait_renewals,
 )
 from tests.support.counting import Call, CallLog, CountingBackend
+from tests.support.stores import zookeeper_backend
 from tests.support.waiting import wait_until
+from tests.support.zookeeper_server import ZooKeeperServer
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -66,13 +71,32 @@ MARGIN = 1.0
 #: announces itself with ``max(ttl, 3 * retry_interval)``, see ``Elector._announce``).
 CANDIDACY_TTL = max(TTL, 3 * RETRY)
 
-EVERY_STORE = ["sqlite", "postgresql", "mysql", "redis"]
+EVERY_STORE = ["sqlite", "postgresql", "mysql", "redis", "zookeeper"]
+#: A ZooKeeper server of the test's own (tests/support/zookeeper_server.py), for the tests
+#: that restart it or need sessions longer than the machine's server grants.
+PRIVATE_ZOOKEEPER = "zookeeper-private"
 
 
 @pytest.fixture(params=EVERY_STORE)
-def store(request: pytest.FixtureRequest) -> Iterator[Backend]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """The parent's own view of the store (each test narrows the stores it runs on)."""
-    yield from open_store(request.param)
+    yield from open_any_store(request, tmp_path)
+
+
+def open_any_store(
+    request: pytest.FixtureRequest, tmp_path: Path, **zookeeper: Any
+) -> Iterator[Backend]:
+    """``open_store(request.param)``; for :data:`PRIVATE_ZOOKEEPER`, a private ZooKeeper
+    server (kept in ``request.node.zookeeper_server`` for the test) and a backend on it
+    (``zookeeper``: more ZooKeeperBackend arguments)."""
+    if request.param != PRIVATE_ZOOKEEPER:
+        yield from open_store(request.param)
+        return
+    # Sessions of up to 120 s: the herd's candidacies (announced for 3 x HERD_RETRY) need
+    # 90 s.
+    with ZooKeeperServer(tmp_path, max_session_ticks=600) as server:
+        request.node.zookeeper_server = server
+        yield from open_store("zookeeper", hosts=server.hosts, **zookeeper)
 
 
 @pytest.fixture
@@ -138,8 +162,9 @@ def attempted(cluster: Cluster, child: Child, after: float) -> Event:
     )
 
 
-def local_ports(pid: int) -> set[int]:
-    """The local ports of process ``pid``'s TCP connections (from /proc)."""
+def local_ports(pid: int, remote: int | None = None) -> set[int]:
+    """The local ports of process ``pid``'s TCP connections (from /proc); with ``remote``,
+    only those connected to that port."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -152,15 +177,22 @@ def local_ports(pid: int) -> set[int]:
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
-            if fields[9] in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            if fields[9] not in inodes:
+                continue
+            if remote is not None and int(fields[2].rsplit(":", 1)[1], 16) != remote:
+                continue
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
 
 def listeners(store: Backend, alias: str, child: Child) -> list[int]:
     """The connections on which ``child`` listens for wake-ups, found by its local ports:
     on PostgreSQL its sessions whose last statement was a ``LISTEN`` (their backend pids),
-    on Redis its pub/sub clients (their client ids)."""
+    on Redis its pub/sub clients (their client ids), on ZooKeeper its connections to the
+    server (their local ports: its watches live in its session)."""
+    if isinstance(store, ZooKeeperBackend):
+        server_port = int(store.conf.hosts.rsplit(":", 1)[1])
+        return sorted(local_ports(child.pid, remote=server_port))
     ports = sorted(local_ports(child.pid))
     if isinstance(store, CacheBackend):
         clients = store.client.client_list(_type="pubsub")
@@ -178,10 +210,16 @@ def listeners(store: Backend, alias: str, child: Child) -> list[int]:
         return [pid for (pid,) in cursor.fetchall()]
 
 
-def cut(store: Backend, alias: str, listener: int) -> None:
+def cut(store: Backend, alias: str, listener: int, request: pytest.FixtureRequest) -> None:
     """Drop a wake-up connection on the server's side: ``pg_terminate_backend`` of the
     session (and wait until it is gone), ``CLIENT KILL`` of the pub/sub client. Targeted:
-    other tests may be listening on the same servers."""
+    other tests may be listening on the same servers. On ZooKeeper, restart the test's
+    own server (its data kept): every connection drops, the watches registered on it go
+    with the process, and the sessions live on (a client that reconnects in time keeps
+    its session, its leases and its candidacies)."""
+    if isinstance(store, ZooKeeperBackend):
+        request.node.zookeeper_server.restart()
+        return
     if isinstance(store, CacheBackend):
         assert store.client.client_kill_filter(_id=str(listener), _type="pubsub") == 1
         return
@@ -292,7 +330,7 @@ def test_higher_priority_newcomer_takes_over_at_the_next_renewal(
 
 
 # -- 3. a dead head of the queue ------------------------------------------------------------
-@on("sqlite", "postgresql", "redis")
+@on("sqlite", "postgresql", "redis", "zookeeper")
 def test_killed_head_of_the_queue_is_skipped_once_its_heartbeat_expires(
     cluster: Cluster, store: Backend, request: pytest.FixtureRequest
 ) -> None:
@@ -333,9 +371,13 @@ def test_killed_head_of_the_queue_is_skipped_once_its_heartbeat_expires(
 #: explain a takeover within RETRY_INTERVAL.
 LOST_TTL = 10.0
 LOST_RENEW = 2.0
+#: On ZooKeeper the connection is dropped by restarting the server, which takes seconds (a
+#: JVM starts; the leader reconnects before it can release): a longer lease keeps the
+#: waiting candidate's own timer out of the way.
+LOST_TIMING = {PRIVATE_ZOOKEEPER: (20.0, 4.0)}
 
 
-@on("postgresql", "redis")
+@on("postgresql", "redis", PRIVATE_ZOOKEEPER)
 def test_lost_wake_up_costs_at_most_a_retry_interval(
     cluster: Cluster, store: Backend, request: pytest.FixtureRequest
 ) -> None:
@@ -344,8 +386,14 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
     ``LISTEN`` session, ``CLIENT KILL`` of its pub/sub client) while b is stopped, so that
     it cannot reconnect before a releases: the release's wake-up is lost for certain. Once
     b runs again its hub finds the connection gone, reconnects and wakes everyone: b leads
-    within RETRY_INTERVAL (+ margin), long before its own timer would have fired."""
-    timing: dict[str, Any] = {"ttl": LOST_TTL, "renew": LOST_RENEW, "retry": RETRY}
+    within RETRY_INTERVAL (+ margin), long before its own timer would have fired.
+
+    On ZooKeeper, the test's own server is restarted while b is stopped (see :func:`cut`):
+    b's watches go with the server process, and b learns of the release once it runs
+    again and reconnects (its hub wakes it; the server also fires the watches set before
+    the restart for what changed since, when the session lives on)."""
+    ttl, renew = LOST_TIMING.get(request.node.callspec.params["store"], (LOST_TTL, LOST_RENEW))
+    timing: dict[str, Any] = {"ttl": ttl, "renew": renew, "retry": RETRY}
     a = cluster.spawn_candidate("a", **timing, DL_MP_MODE="race")
     b = cluster.spawn_candidate(
         "b", **timing, DL_MP_MODE="race", DL_MP_DEFER="1", DL_MP_TRACE="acquire,woken"
@@ -364,12 +412,12 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
     )
     assert len(listening) == 1, listening
 
-    # Wake b once more: its attempt sees a's lease with at least LOST_TTL - LOST_RENEW to
+    # Wake b once more: its attempt sees a's lease with at least ttl - renew to
     # run (give or take a late renewal), and it sleeps that long unless woken.
     after = cluster.position()
     store.wake(cluster.lease)  # the channel race candidates and observers watch
     woken = cluster.wait_for(matches("call", b.label, method="woken"), "b woken", after=after)
-    timer_at = attempted(cluster, b, after=woken["at"])["at"] + LOST_TTL - 2 * LOST_RENEW
+    timer_at = attempted(cluster, b, after=woken["at"])["at"] + ttl - 2 * renew
 
     os.kill(b.pid, signal.SIGSTOP)
     wait_until(lambda: b.state() == "T", timeout=PATIENCE, interval=0.005)
@@ -378,7 +426,7 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
         for kind in ("call", "returned")
     )
     assert calls == returns, f"b was stopped with an attempt in flight\n{cluster.describe()}"
-    cut(store, cluster.alias, listening[0])
+    cut(store, cluster.alias, listening[0], request)
     a.proc.send_signal(signal.SIGTERM)
     stopped = cluster.wait_for(matches("stopped", a.label), "a releasing", after=after)
     assert a.proc.wait(timeout=PATIENCE) == 0
@@ -412,7 +460,7 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
 WATCHDOG = 1.0
 
 
-@on("sqlite", "postgresql")
+@on("sqlite", "postgresql", "zookeeper")
 def test_watchdog_hands_the_lease_on_when_the_work_deadlocks(
     cluster: Cluster, store: Backend, request: pytest.FixtureRequest
 ) -> None:
@@ -491,16 +539,23 @@ class Handover:
 
 
 def same_store(store: Backend) -> Backend:
-    """Another backend instance on ``store``'s database or Redis."""
+    """Another backend instance on ``store``'s database, Redis or ZooKeeper (a session of
+    its own)."""
     if isinstance(store, DatabaseBackend):
         return DatabaseBackend(store.alias)
+    if isinstance(store, ZooKeeperBackend):
+        conf = store.conf
+        return ZooKeeperBackend(
+            hosts=conf.hosts, root=store.root, session_timeout=conf.session_timeout
+        )
     assert isinstance(store, CacheBackend)
     return CacheBackend(store.alias)
 
 
 def hand_over_once(store: Backend, mode: str, size: int) -> Handover:
     """``size`` Electors (threads of this process, each making its calls on a connection of
-    its own: PostgreSQL's per thread, Redis's from a pool) campaign for a new name; the
+    its own: PostgreSQL's per thread, Redis's from a pool; on ZooKeeper, one session per
+    :data:`PER_BACKEND` Electors) campaign for a new name; the
     first leads, the rest wait until nothing moves; then the leader stops (releasing) and
     the calls the hand-over causes are counted."""
     log = CallLog()
@@ -568,13 +623,24 @@ def hand_over_once(store: Backend, mode: str, size: int) -> Handover:
                 tried = made("acquire", released)
                 return max(tried.values()) if waiting <= set(tried) else None
 
-            last = wait_until(everyone_tried, timeout=PATIENCE, message="not everyone tried")
+            last = wait_until(
+                everyone_tried,
+                timeout=PATIENCE,
+                message=lambda: f"never tried: {sorted(waiting - set(made('acquire', released)))}",
+            )
             end = max(elected[winner], last)
         else:
+            # Until both have left the queue: the new leader, and the old one again (on
+            # ZooKeeper the head watches the lease node, so it may lead and leave the
+            # queue before the old leader has woken it).
+            def both_left() -> float | None:
+                withdrew = made("withdraw", released)
+                if winner in withdrew and leader.identity in withdrew:
+                    return max(withdrew[winner], withdrew[leader.identity])
+                return None
+
             end = wait_until(
-                lambda: made("withdraw", released).get(winner),
-                timeout=PATIENCE,
-                message="the new leader never left the queue",
+                both_left, timeout=PATIENCE, message="the new leader never left the queue"
             )
         return Handover(log.between(released, end), head, winner, waiting)
     finally:
@@ -589,47 +655,108 @@ def hand_over_once(store: Backend, mode: str, size: int) -> Handover:
             real.close()
             if isinstance(real, CacheBackend):
                 real.client.connection_pool.disconnect()
+            if isinstance(real, ZooKeeperBackend):
+                real.shutdown()
+
+
+#: ZooKeeper: one session per backend, for the lease (HERD_TTL) and the candidacies
+#: (3 x HERD_RETRY) alike, so that no session connects while a hand-over is counted.
+HERD_SESSION = max(HERD_TTL, 3 * HERD_RETRY)
 
 
 @pytest.fixture
-def herd_store(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    yield from open_store(request.param)
+def herd_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    yield from open_any_store(request, tmp_path, session_timeout=HERD_SESSION)
 
 
 @pytest.mark.parametrize(
-    ("herd_store", "size"), [("postgresql", 40), ("redis", 200)], indirect=["herd_store"]
+    ("herd_store", "size"),
+    # ZooKeeper: a server of the test's own, which grants the 90 s sessions these timings
+    # need (the machine's grants 40 s at most).
+    [("postgresql", 40), ("redis", 200), (PRIVATE_ZOOKEEPER, 200)],
+    indirect=["herd_store"],
 )
 def test_fifo_handover_wakes_one_candidate_however_many_wait(
     herd_store: Backend, size: int, request: pytest.FixtureRequest
 ) -> None:
     """One hand-over (the leader stops and releases) among ``size`` candidates: in fifo
     mode it wakes the head of the queue alone, which alone tries, and costs the store the
-    same few calls with 10 candidates as with ``size``; in race mode every waiting
-    candidate is woken and tries (ZooKeeper's herd). Counted by a Backend wrapper that
+    same few calls with 10 candidates as with ``size``. Counted by a Backend wrapper that
     notes each call the Electors make, and each wake-up delivered to them."""
     small = hand_over_once(herd_store, "fifo", 10)
     large = hand_over_once(herd_store, "fifo", size)
-    herd = hand_over_once(herd_store, "race", size)
     summary = {
-        f"{label}{count}": dict(handover.tally)
-        for label, count, handover in (
-            ("fifo", 10, small),
-            ("fifo", size, large),
-            ("race", size, herd),
-        )
+        f"fifo{count}": dict(handover.tally) for count, handover in ((10, small), (size, large))
     }
     print(summary)
     for handover in (small, large):
         assert handover.elected == handover.head, handover
-        assert handover.who("woken") == [handover.head], summary
-        assert handover.who("acquire") == [handover.head], summary
-        assert handover.tally == FIFO_HANDOVER, summary
-    # race: every waiting candidate is woken (all watch the name's channel, so a wake-up
-    # names nobody: counted, not told apart) and each tries once; the stopping leader's own
+        assert handover.who("woken") == [handover.head], (summary, handover.calls)
+        assert handover.who("acquire") == [handover.head], (summary, handover.calls)
+        # The new leader reads the registry at the start of its term (it does at every
+        # renewal): on a store as quick as ZooKeeper that read can come before it has left
+        # the queue, inside the counted window. One more read, whatever the queue's length.
+        tally = Counter(handover.tally)
+        assert tally["candidates"] in (1, 2), summary
+        tally["candidates"] = 1
+        assert tally == FIFO_HANDOVER, summary
+    request.node.user_properties += [("fifo_calls", large.tally.total())]
+
+
+@pytest.mark.parametrize(
+    ("herd_store", "size"),
+    [("postgresql", 40), ("redis", 200), (PRIVATE_ZOOKEEPER, 200)],
+    indirect=["herd_store"],
+)
+def test_race_handover_wakes_every_candidate_once(
+    herd_store: Backend, size: int, request: pytest.FixtureRequest
+) -> None:
+    """The same hand-over in race mode: every waiting candidate is woken and tries once
+    (the herd fifo avoids)."""
+    herd = hand_over_once(herd_store, "race", size)
+    summary = dict(herd.tally)
+    print(summary)
+    # Every waiting candidate is woken (all watch the name's channel, so a wake-up names
+    # nobody: counted, not told apart) and each tries once; the stopping leader's own
     # watch may hear the wake-up too.
     assert len(herd.waiting) <= herd.tally["woken"] <= len(herd.waiting) + 1, summary
     assert sorted(herd.who("acquire")) == sorted(herd.waiting), summary
-    request.node.user_properties += [
-        ("fifo_calls", large.tally.total()),
-        ("race_calls", herd.tally.total()),
-    ]
+    request.node.user_properties += [("race_calls", herd.tally.total())]
+
+
+def test_zookeeper_wake_up_after_a_release_calls_a_race_watcher_once() -> None:
+    """ZooKeeper: a race watcher (``watch(name)``) is called once as it comes live, once by a
+    release of the name and once by a ``wake(name)`` after it. A second name's watcher, rung after each step,
+    marks when the watch thread has handled the step (it handles events in the order the
+    ensemble sent them)."""
+    watcher, other = zookeeper_backend(), zookeeper_backend()
+    name = f"bell-{uuid.uuid4().hex[:10]}"
+    marker = f"{name}-marker"
+    calls: Counter[str] = Counter()
+    try:
+        held, _ = other.acquire(name, "holder", 2.0)
+        assert held is not None
+        watches = [watcher.watch(n, lambda n=n: calls.update([n])) for n in (name, marker)]
+        wait_until(lambda: all(w is not None and w.live for w in watches), timeout=PATIENCE)
+        # Each was called once as it came live (before ``live``): a release it might have
+        # missed. Counted from here.
+        assert calls == Counter({name: 1, marker: 1}), calls
+        calls.clear()
+
+        def step(rings: int) -> None:
+            other.wake(marker)
+            wait_until(lambda: calls[marker] >= rings, timeout=PATIENCE)
+
+        assert other.release(held)
+        step(1)
+        assert calls[name] == 1, calls  # the release
+        other.wake(name)
+        step(2)
+        assert calls[name] == 2, calls  # and the wake-up, once
+    finally:
+        for backend in (watcher, other):
+            backend.flush_history(PATIENCE)
+        for n in (name, marker):
+            other.client.delete(other._name_path(n), recursive=True)
+        watcher.shutdown()
+        other.shutdown()

@@ -81,7 +81,9 @@ def waiting_for(cluster: Cluster, store: Backend, holder: str) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql", "mysql", "redis"], indirect=True)
+@pytest.mark.parametrize(
+    "store", ["sqlite", "postgresql", "mysql", "redis", "zookeeper"], indirect=True
+)
 def test_handover_moves_leadership_and_the_deposed_holder_does_not_win_it_back(
     cluster: Cluster, store: Backend
 ) -> None:

@@ -31,7 +31,7 @@ pytestmark = [stores_db, pytest.mark.multiprocess]
 TTL, RENEW, RETRY, GRACE = 3.0, 0.5, 0.3, 1.0
 TIMING = ["--ttl", str(TTL), "--renew-interval", str(RENEW), "--retry-interval", str(RETRY)]
 WAIT = 15.0
-STORES = ["sqlite", "postgresql", "mysql", "redis"]
+STORES = ["sqlite", "postgresql", "mysql", "redis", "zookeeper"]
 #: An environment variable that marks the processes of one Fleet, and those they start.
 FLEET_MARK = "DJANGO_LEADER_TEST_FLEET"
 

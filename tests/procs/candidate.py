@@ -1,6 +1,7 @@
 """An :class:`~django_leader.Elector` candidate, reporting every transition it sees.
 
-Environment (besides :mod:`.common`'s, which pick the store: a database or Redis):
+Environment (besides :mod:`.common`'s, which pick the store: a database, Redis or
+ZooKeeper):
 ``DL_MP_IDENTITY``, ``DL_MP_LEASE`` (the lease name), ``DL_MP_TTL``, ``DL_MP_RENEW``,
 ``DL_MP_RETRY``; optional:
 

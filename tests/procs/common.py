@@ -3,15 +3,19 @@
 The parent passes in the environment:
 
 ``DL_MP_STORE``
-    ``database`` (leases in a database, :class:`DatabaseBackend`) or ``cache`` (leases in
-    Redis through a Django cache, :class:`CacheBackend`);
+    ``database`` (leases in a database, :class:`DatabaseBackend`), ``cache`` (leases in
+    Redis through a Django cache, :class:`CacheBackend`) or ``zookeeper`` (leases in
+    ZooKeeper, :class:`ZooKeeperBackend`);
 ``DL_MP_ALIAS``
-    the alias of that store: a database alias (``default``, ``postgresql``, ``mysql``) or a
-    cache alias (``redis``, ``django_redis``);
+    the alias of that store: a database alias (``default``, ``postgresql``, ``mysql``), a
+    cache alias (``redis``, ``django_redis``) or, for ZooKeeper, its connection string
+    (``hosts``);
+``DL_MP_ZOOKEEPER_ROOT``
+    for ZooKeeper, the root the parent's backend uses;
 ``DL_MP_DB_ALIAS``
     the database the child writes rows to: the store itself for a database store, the
-    history database (``DJANGO_LEADER["DATABASE"]``) for a cache store; fenced writes go
-    there too;
+    history database (``DJANGO_LEADER["DATABASE"]``) for Redis and ZooKeeper; fenced
+    writes go there too;
 ``DL_MP_DB_NAME``
     the ``NAME`` of the test database pytest-django created for that alias (for SQLite, the
     file's path), so that the child works on the very database the test reads;
@@ -49,15 +53,16 @@ _out = threading.RLock()
 
 def setup_django() -> str:
     """Point Django at the parent's test databases and set it up; return the store's alias
-    (a database alias or, for ``DL_MP_STORE=cache``, a cache alias)."""
+    (a database alias, for ``DL_MP_STORE=cache`` a cache alias, for ``zookeeper`` the
+    hosts)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     import django
     from django.conf import settings
 
     kind = store_kind()
     alias = os.environ["DL_MP_ALIAS"]
-    configured = settings.DATABASES if kind == "database" else settings.CACHES
-    if alias not in configured:
+    configured = {"database": settings.DATABASES, "cache": settings.CACHES}.get(kind)
+    if configured is not None and alias not in configured:
         emit("fatal", error=f"{kind} alias {alias!r} is not configured in this process")
         os._exit(3)
     database = db_alias()
@@ -72,9 +77,9 @@ def setup_django() -> str:
 
 
 def store_kind() -> str:
-    """``database`` or ``cache``: where this child's leases live."""
+    """``database``, ``cache`` or ``zookeeper``: where this child's leases live."""
     kind = os.environ.get("DL_MP_STORE", "database")
-    if kind not in ("database", "cache"):
+    if kind not in ("database", "cache", "zookeeper"):
         emit("fatal", error=f"unknown DL_MP_STORE {kind!r}")
         os._exit(3)
     return kind
@@ -88,22 +93,31 @@ def db_alias() -> str:
 def make_backend() -> Backend:
     """The backend of the store under test (after :func:`setup_django`)."""
     alias = os.environ["DL_MP_ALIAS"]
-    if store_kind() == "cache":
+    kind = store_kind()
+    backend: Backend
+    if kind == "database":
+        from django_leader.backends.db import DatabaseBackend
+
+        return DatabaseBackend(alias)
+    if kind == "cache":
         from django_leader.backends.cache import CacheBackend
 
-        backend: Backend = CacheBackend(alias)
-        # Its history goes to the database whose test NAME this process was given.
-        if backend.history_database != db_alias():
-            emit(
-                "fatal",
-                error=f"history goes to {backend.history_database!r}, "
-                f"not to DL_MP_DB_ALIAS {db_alias()!r}",
-            )
-            os._exit(3)
-        return backend
-    from django_leader.backends.db import DatabaseBackend
+        backend = CacheBackend(alias)
+    else:
+        from django_leader.backends.zookeeper import ZooKeeperBackend
 
-    return DatabaseBackend(alias)
+        # The parent's ensemble and root; the session timeout is the settings' LEASE_TTL
+        # (DJANGO_LEADER_TTL), as for any user of the backend.
+        backend = ZooKeeperBackend(hosts=alias, root=os.environ["DL_MP_ZOOKEEPER_ROOT"])
+    # Its history goes to the database whose test NAME this process was given.
+    if backend.history_database != db_alias():
+        emit(
+            "fatal",
+            error=f"history goes to {backend.history_database!r}, "
+            f"not to DL_MP_DB_ALIAS {db_alias()!r}",
+        )
+        os._exit(3)
+    return backend
 
 
 def clock() -> float:

@@ -1,9 +1,9 @@
-"""A contender that calls ``acquire`` on the store's backend (``DatabaseBackend`` or
-``CacheBackend``, see :mod:`.common`) once per ``race`` command, at the wall-clock instant the
-parent names, so that several processes hit the store together.
+"""A contender that calls ``acquire`` on the store's backend (``DatabaseBackend``,
+``CacheBackend`` or ``ZooKeeperBackend``, see :mod:`.common`) once per ``race`` command, at
+the wall-clock instant the parent names, so that several processes hit the store together.
 
 Each ``raced`` report comes after the backend's history was flushed (``history_flushed``):
-a cache store writes it to the database asynchronously, from a thread of this process.
+Redis and ZooKeeper write it to the database asynchronously, from a thread of this process.
 
 Commands: ``{"cmd": "race", "name": ..., "at": <time.time()>, "ttl": ...}``,
 ``{"cmd": "exit"}``.

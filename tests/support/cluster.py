@@ -32,8 +32,9 @@ from django.db import connections
 from django_leader.backends.base import Backend
 from django_leader.backends.cache import CacheBackend
 from django_leader.backends.db import DatabaseBackend
+from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.models import LeaseEvent
-from tests.support.stores import CACHE_STORES, DATABASE_STORES, require
+from tests.support.stores import CACHE_STORES, DATABASE_STORES, require, zookeeper_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,12 +147,29 @@ class Cluster:
     def __init__(self, store: Backend, tmp_path: Path) -> None:
         self.store = store
         self.is_cache = isinstance(store, CacheBackend)
-        self.kind = "cache" if self.is_cache else "database"
-        #: The store's alias: a database alias, or a cache alias for Redis.
-        self.alias: str = store.alias  # type: ignore[attr-defined]
-        #: Where rows go: fenced writes, and the history (for Redis, written asynchronously).
+        self.is_zookeeper = isinstance(store, ZooKeeperBackend)
+        #: ``DL_MP_STORE``: how the children build the backend (tests/procs/common.py).
+        self.kind = "cache" if self.is_cache else "zookeeper" if self.is_zookeeper else "database"
+        #: Whether ``lease.fenced()`` fences database writes: every store (a database by
+        #: its lease row, Redis and ZooKeeper by the fence row, docs/safety.md).
+        self.fences = True
+        #: Whether a name's first fencing token is seeded from the store's clock (a large
+        #: number, not 1): Redis and ZooKeeper.
+        self.clock_tokens = self.kind != "database"
+        #: Whether history is written asynchronously, by a thread of the process that
+        #: noticed the event (Redis, ZooKeeper), rather than in the lease's transaction.
+        self.async_history = self.kind != "database"
+        #: The store's alias: a database alias, a cache alias for Redis, the connection
+        #: string (``hosts``) for ZooKeeper.
+        self.alias: str = (
+            store.conf.hosts  # type: ignore[attr-defined]
+            if self.is_zookeeper
+            else store.alias  # type: ignore[attr-defined]
+        )
+        #: Where rows go: fenced writes, and the history (for Redis and ZooKeeper, written
+        #: asynchronously).
         assert store.history_database is not None, "these tests read the lease history"
-        self.db_alias = self.alias if not self.is_cache else store.history_database
+        self.db_alias = self.alias if self.kind == "database" else store.history_database
         assert store.history_database == self.db_alias, (store, store.history_database)
         self.tmp_path = tmp_path
         # The test database pytest-django created for that alias (a file for SQLite).
@@ -182,9 +200,19 @@ class Cluster:
             DL_MP_LEASE=self.lease,
             **extra,
         )
-        if self.is_cache:
-            # CacheBackend writes its history to DJANGO_LEADER["DATABASE"]: the same as here.
+        if self.async_history:
+            # CacheBackend and ZooKeeperBackend write their history to
+            # DJANGO_LEADER["DATABASE"]: the same as here.
             env["DJANGO_LEADER_DATABASE"] = self.db_alias
+        if self.is_zookeeper:
+            # The children's ZooKeeperBackend: this ensemble and root (the settings' too,
+            # for anything else in the child that asks for the ZooKeeper backend).
+            root = self.store.root  # type: ignore[attr-defined]
+            env.update(
+                DL_MP_ZOOKEEPER_ROOT=root,
+                DJANGO_LEADER_ZOOKEEPER_HOSTS=self.alias,
+                DJANGO_LEADER_ZOOKEEPER_ROOT=root,
+            )
         child = Child(self, label, module, env)
         self.children[label] = child
         return child
@@ -280,16 +308,16 @@ class Cluster:
     def history(self, name: str, *flush: Child) -> list[tuple[str, str, int]]:
         """``(kind, holder, token)`` of every history event of ``name``, oldest first.
 
-        On Redis, each process writes its history asynchronously: the children in
-        ``flush`` (and the parent) write theirs before the database is read. A database
-        store writes it in the lease's own transaction, so the row order is the order of
-        events; the asynchronous writers of Redis can insert rows out of order, so there
-        the events are ordered by their time on the Redis server (then id).
+        On Redis and ZooKeeper, each process writes its history asynchronously: the
+        children in ``flush`` (and the parent) write theirs before the database is read. A
+        database store writes it in the lease's own transaction, so the row order is the
+        order of events; the asynchronous writers can insert rows out of order, so there the
+        events are ordered by their time on the store's server (then id).
         """
         for child in flush:
             assert child.request("flush", "flushed")["ok"], f"{child.label}: history not flushed"
         assert self.store.flush_history(PATIENCE), "the parent's history not flushed"
-        order = ("at", "id") if self.is_cache else ("id",)
+        order = ("at", "id") if self.async_history else ("id",)
         return list(
             LeaseEvent.objects.using(self.db_alias)
             .filter(name=name)
@@ -298,7 +326,13 @@ class Cluster:
         )
 
     def forget(self) -> None:
-        """Remove this test's keys from Redis (a lease's meta key never expires)."""
+        """Remove this test's keys from Redis (a lease's meta key never expires), or its
+        names' znodes from ZooKeeper (a name's record is persistent)."""
+        if self.is_zookeeper:
+            store: Any = self.store
+            for name in store.names():
+                if name.startswith(self.lease):
+                    store.client.delete(store._name_path(name), recursive=True)
         if self.is_cache:
             client = self.store.client  # type: ignore[attr-defined]
             keys = list(client.scan_iter(match=f"*django_leader:{{{self.lease}*", count=500))
@@ -306,18 +340,26 @@ class Cluster:
                 client.delete(*keys)
 
 
-#: pytest id -> (kind, alias) of every store under test: each database, and Redis through
-#: both cache clients.
+#: pytest id -> (kind, alias) of every store under test: each database, Redis through both
+#: cache clients, and ZooKeeper (the tests' ensemble and root: tests/support/stores.py).
 STORES = {
     **{key: ("database", alias) for key, alias in DATABASE_STORES.items()},
     **{key: ("cache", alias) for key, alias in CACHE_STORES.items()},
+    "zookeeper": ("zookeeper", ""),
 }
 
 
-def open_store(store_id: str) -> Iterator[Backend]:
+def open_store(store_id: str, **zookeeper: Any) -> Iterator[Backend]:
     """The parent's own view of store ``store_id`` (a key of :data:`STORES`; the children
-    build the same backend), skipped (or failed, in CI) when unavailable. For a fixture."""
+    build the same backend), skipped (or failed, in CI) when unavailable. For a fixture.
+    ``zookeeper``: ZooKeeperBackend arguments (``hosts`` of a private server...)."""
     kind, alias = STORES[store_id]
+    if kind == "zookeeper":
+        store = zookeeper_backend(**zookeeper)
+        yield store
+        store.flush_history(PATIENCE)
+        store.shutdown()
+        return
     require(alias, kind=kind)
     backend: Backend = DatabaseBackend(alias) if kind == "database" else CacheBackend(alias)
     yield backend
