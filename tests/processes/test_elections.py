@@ -726,9 +726,9 @@ def test_race_handover_wakes_every_candidate_once(
 
 def test_zookeeper_wake_up_after_a_release_calls_a_race_watcher_once() -> None:
     """ZooKeeper: a race watcher (``watch(name)``) is called once as it comes live, once by a
-    release of the name and once by a ``wake(name)`` after it. A second name's watcher, rung after each step,
-    marks when the watch thread has handled the step (it handles events in the order the
-    ensemble sent them)."""
+    release of the name and once by a ``wake(name)`` after it. A second name's watcher,
+    rung after each step, marks when the watch thread has handled the step (it handles
+    events in the order the ensemble sent them)."""
     watcher, other = zookeeper_backend(), zookeeper_backend()
     name = f"bell-{uuid.uuid4().hex[:10]}"
     marker = f"{name}-marker"
