@@ -1,9 +1,9 @@
-"""A holder paused past its lease, in a real process: with Redis, its fenced write is
-refused by the fence row in the database the writes go to, once its successor wrote there
-(docs/safety.md, "Fenced writes").
+"""A holder paused past its lease, in a real process: with Redis or ZooKeeper, its fenced
+write is refused by the fence row in the database the writes go to, once its successor
+wrote there (docs/safety.md, "Fenced writes").
 
-The holder (``tests/procs/fence_holder.py``) takes a lease in Redis and writes through
-``lease.fenced(using=alias)``; it is SIGSTOPped until its lease expired in Redis; this
+The holder (``tests/procs/fence_holder.py``) takes a lease in Redis or ZooKeeper and writes
+through ``lease.fenced(using=alias)``; it is SIGSTOPped until its lease expired there; this
 process takes the lease and writes through ``fenced(using=alias)``; the holder resumes and
 tries again: refused with its own lease (the local deadline passed) and with a copy that
 does not know it lost (only the database can refuse that one). Each database in turn.
@@ -35,13 +35,15 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs POSIX signals, /proc"),
 ]
 
-#: The holder's lease time in Redis: it expires while the holder is stopped.
+#: The holder's lease time in the store: it expires while the holder is stopped.
 TTL = 1.0
 
 
-@pytest.fixture
-def store() -> Iterator[Backend]:
-    yield from open_store("redis")
+@pytest.fixture(params=["redis", "zookeeper"])
+def store(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """The store the holder's lease is in: Redis or ZooKeeper (not the database the writes
+    go to)."""
+    yield from open_store(request.param)
 
 
 @pytest.fixture
