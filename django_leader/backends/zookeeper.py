@@ -89,8 +89,11 @@ DEFAULT_SESSION_TIMEOUT = 30.0
 #: tries again (kazoo's own bound is the whole session timeout).
 HANDSHAKE_TIMEOUT = 2.0
 #: Session handshakes in a row that may fail before the client forgets the newest
-#: transaction it has seen (which a server that lost its data refuses for ever).
-HANDSHAKES_REFUSED = 3
+#: transaction it has seen (which a server that lost its data refuses for ever). Forgetting
+#: it costs nothing that matters here: a server behind the others may then answer reads
+#: with older data, but every decision is a conditional write, made by the ensemble's
+#: leader on its current data.
+HANDSHAKES_REFUSED = 1
 #: How long a clock estimate is trusted before the clock znode is written again.
 ESTIMATE_AGE = 30.0
 
@@ -180,7 +183,7 @@ class _Session:
             auth_data=list(conf.auth) or None,
             default_acl=_acl(conf),
             # Reconnect forever, in the background; each call has its own bound.
-            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0},
+            connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 0.5},
             command_retry=None,
         )
         self._wrap_connect(conf)
@@ -225,7 +228,7 @@ class _Session:
                     # for ever. The store's loss is then noticed like any other (its marker
                     # is missing: the lock-delay); to get there, connect as a new client.
                     logger.warning(
-                        "zookeeper %r refused %d session handshakes in a row: if it lost "
+                        "zookeeper %r refused %d session handshake(s) in a row: if it lost "
                         "its data it refuses clients that saw newer transactions; "
                         "connecting again as a new client",
                         conf.hosts,

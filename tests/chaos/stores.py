@@ -528,16 +528,13 @@ class ZooKeeperStore(Store):
     ``zk-wipe``
         SIGKILL, its data directory deleted, down 0.1-1.5 TTLs, started empty: a lost
         store, so nobody may take the lease for the lock-delay and tokens continue from the
-        clock (lossy). Only with ``CHAOS_ZOOKEEPER_WIPE=1``: the backend does not recover
-        from it yet (a client that saw a later zxid than the emptied server's is refused,
-        "client must try another server", until the server's zxid overtakes it; see
-        tests/processes/test_chaos.py).
+        clock (lossy). The emptied server refuses a client that saw a later transaction
+        than its own: the backend connects again as a new client after a refused
+        handshake (tests/processes/test_chaos.py).
     """
 
     name = "zookeeper"
-    faults = ("conn-drop", "zk-pause", "zk-restart") + (
-        ("zk-wipe",) if os.environ.get("CHAOS_ZOOKEEPER_WIPE") == "1" else ()
-    )
+    faults = ("conn-drop", "zk-pause", "zk-restart", "zk-wipe")
     fenced = False
     #: The candidates' root on the server.
     ROOT = "/chaos"
