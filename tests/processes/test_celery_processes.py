@@ -115,6 +115,7 @@ def require_store(name: str) -> None:
         require("redis", kind="cache")
     elif name == "zookeeper":
         require_zookeeper()
+        store_backend(name)  # initializes the root: a root never used costs no lock-delay
     else:
         require(name)
 

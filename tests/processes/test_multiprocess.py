@@ -275,8 +275,9 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
     assert probe["is_leader"] is False and probe["held"] is False and probe["lost"], probe
     assert_fenced_write(cluster, {"outcome": probe["local_fence"], "probe": probe}, False)
     assert_fenced_write(cluster, {"outcome": probe["db_fence"], "probe": probe}, False)
-    # Refused by the lease row's check, or on Redis by the fence row's.
-    assert ("fenced off" if cluster.is_cache else "no longer held") in probe["db_fence"], probe
+    # Refused by the lease row's check, or on Redis and ZooKeeper by the fence row's.
+    refused = "fenced off" if cluster.kind != "database" else "no longer held"
+    assert refused in probe["db_fence"], probe
     assert probe["renewed"] is False, probe
     assert probe["released"] is False, probe
 
