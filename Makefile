@@ -119,7 +119,7 @@ chaos: venv
 COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py tests/unit/test_conf.py \
 	tests/components/test_lock.py tests/components/test_observability.py
 COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
-	prometheus-client
+	prometheus-client kazoo
 # pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.
 PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python) $(shell command -v python3.10))
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python) $(shell command -v python3.12 python3.13))
