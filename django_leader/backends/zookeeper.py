@@ -128,6 +128,12 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def candidate_prefix(identity: str) -> str:
+    """The start of the name of ``identity``'s candidate znode (ZooKeeper appends the
+    sequence number)."""
+    return f"c{_digest(identity)}-"
+
+
 def encode_name(name: str) -> str:
     """A lease name as one znode name (percent-encoded; '.' too, since '.' and '..' are
     not znode names)."""
@@ -364,9 +370,12 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             return None
         return (json.loads(raw) if raw else {}), stat
 
-    def _ensure(self, client: Any, path: str) -> None:
-        """Create ``path`` (and its parents) if missing; remembered once made."""
-        if path in self._made:
+    def _ensure(self, client: Any, path: str, *, anew: bool = False) -> None:
+        """Create ``path`` (and its parents) if missing; remembered once made. ``anew``:
+        it was found missing (the store was wiped): forget that it was made."""
+        if anew:
+            self._made.discard(path)
+        elif path in self._made:
             return
         from kazoo.exceptions import NodeExistsError
 
@@ -401,8 +410,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         try:
             stat = self._wait(client.set_async(path, b""))
         except NoNodeError:
-            self._made.discard(path)
-            self._ensure(client, path)
+            self._ensure(client, path, anew=True)
             stat = self._wait(client.set_async(path, b""))
         self._seen(stat.mtime)
         return int(stat.mtime)
@@ -431,22 +439,27 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         return now >= until_ms, now
 
     # -- the store marker -------------------------------------------------------------------
-    def _store_marker(self, client: Any, ttl: float) -> dict[str, Any]:
-        """The store marker; written anew (with a lock-delay) if missing."""
+    def _create_marker(self, client: Any, delay_ms: int) -> tuple[dict[str, Any], bool]:
+        """Write the store marker: a new epoch (now), and no lease for ``delay_ms`` (0:
+        none). The marker, and False if one was there already (not written)."""
         from kazoo.exceptions import NodeExistsError
 
-        path = f"{self.root}/store"
-        found = self._get(client, path)
-        if found is not None:
-            return found[0]
-        self._made.clear()  # whatever we made may have gone with the marker
         now = self._now_ms()  # (makes ROOT if it is missing)
-        delay = lock_delay(ttl)
-        marker = {"epoch": now, "fence": now + _ms(delay)}
+        marker = {"epoch": now, "fence": now + delay_ms if delay_ms else 0}
         try:
-            self._wait(client.create_async(path, json.dumps(marker).encode()))
+            self._wait(client.create_async(f"{self.root}/store", json.dumps(marker).encode()))
         except NodeExistsError:
-            found = self._get(client, path)
+            return marker, False
+        return marker, True
+
+    def _lost_marker(self, client: Any, ttl: float) -> dict[str, Any]:
+        """The store marker, found missing by an acquisition: written anew, with a
+        lock-delay (or, should another have just written it, that one)."""
+        self._made.clear()  # whatever we made may have gone with the marker
+        delay = lock_delay(ttl)
+        marker, created = self._create_marker(client, _ms(delay))
+        if not created:  # another acquisition wrote it meanwhile: that one
+            found = self._get(client, f"{self.root}/store")
             return found[0] if found is not None else marker
         logger.warning(
             "zookeeper %r %r has no store marker (new, wiped, restored or ROOT deleted): "
@@ -463,23 +476,13 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         lock-delay a missing marker otherwise costs (nobody can hold a lease in a store that
         never had one). True if this call wrote it, False if it was there. Only for a new
         ``ROOT``: after a wipe or a restore, let the first acquisition notice the loss."""
-        from kazoo.exceptions import NodeExistsError
-
-        client = self.client
-        now = self._now_ms()  # (makes ROOT if it is missing)
-        marker = {"epoch": now, "fence": 0}
-        try:
-            self._wait(client.create_async(f"{self.root}/store", json.dumps(marker).encode()))
-        except NodeExistsError:
-            return False
-        return True
+        return self._create_marker(self.client, 0)[1]
 
     # -- lease operations -------------------------------------------------------------------
     def _lease(
         self, name: str, data: dict[str, Any], stat: Any, record: dict[str, Any] | None
     ) -> Lease:
-        until = data.get("until")
-        expires = int(until) if until is not None else stat.mtime + int(data["ttl"])
+        expires = self._expiry(data, stat)
         return Lease(
             name=name,
             holder=str(data.get("holder", "")),
@@ -504,13 +507,10 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         # before the holder's deadline); else persistent, freed by its expiry alone.
         ephemeral = session.granted is not None and ttl <= session.granted
         path, lease_path = self._name_path(name), self._lease_path(name)
-        marker_result = client.get_async(f"{self.root}/store")
-        record_result = client.get_async(path)
-        lease_result = client.get_async(lease_path)
+        marker_result = client.get_async(f"{self.root}/store")  # sent first, read after
+        record_found, current = self._record_and_lease(client, name)
         marker = self._read_result(marker_result)
-        record_found = self._read_result(record_result)
-        current = self._read_result(lease_result)
-        store = marker[0] if marker is not None else self._store_marker(client, ttl)
+        store = marker[0] if marker is not None else self._lost_marker(client, ttl)
 
         fence = int(store.get("fence", 0))
         if fence:
@@ -529,8 +529,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
                 return None, lease
             stale = current
         if record_found is None:
-            self._made.discard(path)
-            self._ensure(client, path)
+            self._ensure(client, path, anew=True)
             record_found = self._get(client, path)
             if record_found is None:
                 raise BackendUnavailable(f"zookeeper: {path} vanished")
@@ -625,21 +624,27 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         except Exception:  # pragma: no cover - best effort; the lease expires anyway
             logger.debug("handing back a late grant of %r failed", lease.name, exc_info=True)
 
+    def _record_and_lease(
+        self, client: Any, name: str
+    ) -> tuple[tuple[dict[str, Any], Any] | None, tuple[dict[str, Any], Any] | None]:
+        """The name's record and its lease znode (each ``(data, stat)`` or None), asked for
+        together, the record first: a grant between the two reads then shows in the lease,
+        and one after them in the record's version (so a write conditional on it fails)."""
+        record_result = client.get_async(self._name_path(name))
+        lease_result = client.get_async(self._lease_path(name))
+        return self._read_result(record_result), self._read_result(lease_result)
+
     def _held(
         self, client: Any, lease: Lease, *, fresh: bool = False
     ) -> tuple[_Held, dict[str, Any]] | None:
         """What we know of ``lease``'s znode if it is still ``lease.holder``'s with
         ``lease.token`` (None if not), and the name's record as read (``{}`` if from the
-        cache). ``fresh``: read both, the record first — a grant between the two reads
-        then shows in the lease znode, and one after them in the record's version."""
+        cache). ``fresh``: read both (:meth:`_record_and_lease`)."""
         key = (lease.name, lease.holder, lease.token)
         known = self._versions.get(key)
         if known is not None and not fresh:
             return known, {}
-        record_result = client.get_async(self._name_path(lease.name))
-        lease_result = client.get_async(self._lease_path(lease.name))
-        record_found = self._read_result(record_result)
-        found = self._read_result(lease_result)
+        record_found, found = self._record_and_lease(client, lease.name)
         if found is None or record_found is None:
             return None
         data, stat = found
@@ -717,8 +722,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             record_found = self._read_result(record_result)
             record = record_found[0] if record_found else {}
             renewed = self._lease(lease.name, data, stat, record)
-            to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
-            renewed.handover_to = str(to) if to and until > stat.mtime else ""
+            renewed.handover_to = _handover_to(record, stat.mtime)
             return renewed
         return None
 
@@ -757,11 +761,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
 
         client = self.client
         for _ in range(5):
-            # The record first: a grant after it shows in its version (the multi fails).
-            record_result = client.get_async(self._name_path(name))
-            lease_result = client.get_async(self._lease_path(name))
-            record_found = self._read_result(record_result)
-            found = self._read_result(lease_result)
+            record_found, found = self._record_and_lease(client, name)
             if found is None or record_found is None or not found[0].get("holder"):
                 return None
             data, stat = found
@@ -796,11 +796,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         raise BackendUnavailable(f"zookeeper: force release of {name!r} kept conflicting")
 
     def read(self, name: str) -> Lease | None:
-        client = self.client
-        lease_result = client.get_async(self._lease_path(name))
-        record_result = client.get_async(self._name_path(name))
-        found = self._read_result(lease_result)
-        record_found = self._read_result(record_result)
+        record_found, found = self._record_and_lease(self.client, name)
         if found is None or not found[0].get("holder"):
             return None
         data, stat = found
@@ -809,9 +805,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             return None
         lease = self._lease(name, data, stat, record_found and record_found[0])
         lease.read_at = _time(now)
-        record = record_found[0] if record_found else {}
-        to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
-        lease.handover_to = str(to) if to and until > now else ""
+        lease.handover_to = _handover_to(record_found[0] if record_found else {}, now)
         return lease
 
     def names(self) -> list[str]:
@@ -843,7 +837,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
 
     def _my_node(self, client: Any, name: str, identity: str) -> str | None:
         """The node name of ``identity``'s candidacy for ``name`` (None if it has none)."""
-        prefix = f"c{_digest(identity)}-"
+        prefix = candidate_prefix(identity)
         mine = [child for child in self._queue(client, name) if child.startswith(prefix)]
         return mine[0] if mine else None
 
@@ -873,7 +867,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
                 return
         created = self._wait(
             client.create_async(
-                f"{self._queue_path(name)}/c{_digest(candidate.identity)}-",
+                f"{self._queue_path(name)}/{candidate_prefix(candidate.identity)}",
                 raw,
                 ephemeral=True,
                 sequence=True,
@@ -965,8 +959,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         for _ in range(10):
             found = self._get(client, path)
             if found is None:  # deleted meanwhile (the store was wiped): make it again
-                self._made.discard(path)
-                self._ensure(client, path)
+                self._ensure(client, path, anew=True)
                 continue
             record, stat = found
             now = self._now_ms()
@@ -1061,6 +1054,13 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         self._versions.clear()
         self._mine.clear()
         self._made.clear()
+
+
+def _handover_to(record: dict[str, Any], at_ms: int) -> str:
+    """The candidate a hand-over request in the name's ``record`` names, if it still stands
+    at ``at_ms`` (the ensemble's clock); "" otherwise."""
+    to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
+    return str(to) if to and until > at_ms else ""
 
 
 def _failure(results: list[Any]) -> tuple[int, Exception] | None:
@@ -1288,8 +1288,7 @@ class _Hub:
                     )
                 )
             except NoNodeError:  # a name never taken: its record, empty, to watch
-                backend._made.discard(path)
-                backend._ensure(backend.client, path)
+                backend._ensure(backend.client, path, anew=True)
                 continue
             before = self.present.get(key)
             self.present[key] = ("lease" in children, int(stat.cversion))
@@ -1317,22 +1316,9 @@ class _Hub:
         it only when it is first in every mode's order (fifo: join order; priority: the
         highest, then join order). Otherwise it is woken by the releaser (``wake``) or
         finds its turn when it polls."""
-        from kazoo.exceptions import NoNodeError
-
-        backend, client = self.backend, self.backend.client
-        path = backend._queue_path(watch.name)
-        nodes = backend._queue(client, watch.name)
-        results = [client.get_async(f"{path}/{node}") for node in nodes]
-        priorities: dict[str, int] = {}
-        for node, result in zip(nodes, results, strict=True):
-            try:
-                raw, _ = backend._wait(result)
-            except NoNodeError:
-                continue
-            priorities[node] = int(json.loads(raw).get("priority", 0))
-        prefix = f"c{_digest(watch.identity or '')}-"
-        mine = [p for node, p in priorities.items() if node.startswith(prefix)]
-        return bool(mine) and all(p <= mine[0] for p in priorities.values())
+        members = self.backend.candidates(watch.name) or []
+        mine = [c.priority for c in members if c.identity == watch.identity]
+        return bool(mine) and all(c.priority <= mine[0] for c in members)
 
     def _arm_one(self, watch: _ZkWatch, key: tuple[str, str], role: str) -> bool:
         with self.lock:
@@ -1362,7 +1348,7 @@ class _Hub:
             self._arm_one(watch, lease, _LEASE)
         else:
             nodes = backend._queue(client, watch.name)
-            prefix = f"c{_digest(watch.identity)}-"
+            prefix = candidate_prefix(watch.identity)
             mine = next((i for i, node in enumerate(nodes) if node.startswith(prefix)), None)
             if mine is not None and mine > 0:
                 before = ("exists", f"{backend._queue_path(watch.name)}/{nodes[mine - 1]}")

@@ -20,7 +20,6 @@ import itertools
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, LossReason, clock
 from tests.support.waiting import wait_until
-from tests.support.zookeeper_server import ZooKeeperServer, skip_without_kazoo
+from tests.support.zookeeper_server import ZooKeeperServer, new_root, skip_without_kazoo
 
 skip_without_kazoo()
 
@@ -166,17 +165,6 @@ def leader_settings(settings: Any) -> None:
 def server(tmp_path: Path, leader_settings: None) -> Iterator[ZooKeeperServer]:
     with ZooKeeperServer(tmp_path) as started:
         yield started
-
-
-def new_root(hosts: str) -> str:
-    """A root initialized on ``hosts`` (a new store: no lock-delay)."""
-    root = f"/faults-{uuid.uuid4().hex[:8]}"
-    backend = ZooKeeperBackend(hosts=hosts, root=root)
-    try:
-        assert backend.initialize()
-    finally:
-        backend.shutdown()
-    return root
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,12 @@ from django_leader.backends.zookeeper import ZooKeeperBackend, encode_name
 from django_leader.lease import clock
 from tests.support.stores import ROOT
 from tests.support.waiting import wait_until
-from tests.support.zookeeper_server import ZooKeeperEnsemble, ZooKeeperServer, skip_without_kazoo
+from tests.support.zookeeper_server import (
+    ZooKeeperEnsemble,
+    ZooKeeperServer,
+    new_root,
+    skip_without_kazoo,
+)
 
 skip_without_kazoo()
 from kazoo.client import KazooClient  # noqa: E402
@@ -179,16 +183,6 @@ def children() -> Iterator[Callable[..., Child]]:
     yield start
     for child in started:
         child.close()
-
-
-def new_root(hosts: str) -> str:
-    root = f"/faults-{uuid.uuid4().hex[:8]}"
-    backend = ZooKeeperBackend(hosts=hosts, root=root)
-    try:
-        assert backend.initialize()
-    finally:
-        backend.shutdown()
-    return root
 
 
 def test_holder_stopped_past_its_session(

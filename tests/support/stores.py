@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from django.conf import settings
@@ -43,12 +43,9 @@ OTHER_STORES = ["zookeeper"]
 def require_zookeeper() -> dict[str, Any]:
     """The tests' ZooKeeper settings (``settings.ZOOKEEPER``: hosts, and a root of this test
     run's own); skip (or, in CI, fail) when it does not answer."""
-    if settings.ZOOKEEPER is not None:
-        return dict(settings.ZOOKEEPER)
-    reason = UNAVAILABLE.get("zookeeper", "zookeeper: not configured")
-    if REQUIRE_SERVICES:
-        pytest.fail(f"required service missing: {reason}")
-    pytest.skip(f"service unavailable: {reason}")
+    if settings.ZOOKEEPER is None:
+        unavailable(UNAVAILABLE.get("zookeeper", "zookeeper: not configured"))
+    return dict(settings.ZOOKEEPER)
 
 
 def store_settings(backend: Any) -> dict[str, Any]:
@@ -79,14 +76,18 @@ def zookeeper_backend(**kwargs: Any) -> Any:
     return store
 
 
-def require(alias: str, kind: str = "database") -> None:
-    """Skip (or, in CI, fail) unless database (or cache) ``alias`` is configured."""
-    if alias in (settings.DATABASES if kind == "database" else settings.CACHES):
-        return
-    reason = UNAVAILABLE.get(alias, f"{alias}: not configured")
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test for a service it cannot reach (in CI, where every service is
+    required, fail it)."""
     if REQUIRE_SERVICES:
         pytest.fail(f"required service missing: {reason}")
     pytest.skip(f"service unavailable: {reason}")
+
+
+def require(alias: str, kind: str = "database") -> None:
+    """Skip (or, in CI, fail) unless database (or cache) ``alias`` is configured."""
+    if alias not in (settings.DATABASES if kind == "database" else settings.CACHES):
+        unavailable(UNAVAILABLE.get(alias, f"{alias}: not configured"))
 
 
 def open_store(store_id: str) -> Iterator[Any]:

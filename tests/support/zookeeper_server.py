@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -28,7 +29,7 @@ from typing import TypeVar
 import pytest
 
 from testproject.services import four_letter_word, zookeeper_mode
-from tests.support.stores import REQUIRE_SERVICES
+from tests.support.stores import REQUIRE_SERVICES, unavailable
 from tests.support.waiting import wait_until
 
 #: Debian's server jar; its manifest's Class-Path brings netty, jute, slf4j and the rest.
@@ -77,11 +78,21 @@ def require_zookeeper_jars() -> None:
     """Skip (or, with DJANGO_LEADER_REQUIRE_SERVICES=1, fail) unless a private server can
     run."""
     reason = missing()
-    if reason is None:
-        return
-    if REQUIRE_SERVICES:
-        pytest.fail(f"required service missing: zookeeper: {reason}")
-    pytest.skip(f"service unavailable: zookeeper: {reason}")
+    if reason is not None:
+        unavailable(f"zookeeper: {reason}")
+
+
+def new_root(hosts: str) -> str:
+    """A new root on ``hosts``, initialized (a store never used: no lock-delay)."""
+    from django_leader.backends.zookeeper import ZooKeeperBackend
+
+    root = f"/faults-{uuid.uuid4().hex[:8]}"
+    backend = ZooKeeperBackend(hosts=hosts, root=root)
+    try:
+        assert backend.initialize()
+    finally:
+        backend.shutdown()
+    return root
 
 
 def free_ports(count: int) -> list[int]:
