@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .backends.base import Backend
 from .lease import clock
@@ -121,6 +121,27 @@ class _Worker:
             # This thread's connection: after a hang it is not trusted again.
             with suppress(Exception):
                 self.caller.backend.close()
+
+
+class Caller(Protocol):
+    """What runs a holder's store calls: a :class:`StoreCaller`, or the
+    :class:`~django_leader.session.Session` every holder of a store shares."""
+
+    def submit(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        bound: float | None = None,
+        on_late: Callable[[T], None] | None = None,
+    ) -> Future[T]: ...
+
+    def call(
+        self,
+        timeout: float,
+        fn: Callable[..., T],
+        *args: Any,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T: ...
 
 
 class StoreCaller:
@@ -263,6 +284,15 @@ class StoreCaller:
             self._worker = new
         self._cond.notify_all()
         return new
+
+    def unstick(self) -> None:
+        """Leave the running call to its thread if it has outlived its bound, so that the
+        calls queued behind it run on a new one now (for a caller that only submits, and
+        so never waits in :meth:`call`, which does this itself)."""
+        with self._cond:
+            worker = self._worker
+            if worker is not None and not worker.abandoned and worker.hung(clock()):
+                self._abandon(worker)
 
     # -- end ------------------------------------------------------------------------------
     def close(self) -> None:

@@ -14,9 +14,11 @@ from types import TracebackType
 from typing import Any
 
 from .backends.base import Backend, Watch
+from .caller import Caller
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
 from .exceptions import BackendUnavailable, LeaseHeld
 from .lease import Lease, clock
+from .session import session as session_of
 from .term import (
     Renewer,
     StoreCaller,
@@ -145,12 +147,9 @@ class Lock:
             return outer.lease
         if self._own_identity:  # a Lock made before a fork must not use the parent's
             self.identity = default_identity()
-        caller = StoreCaller(self.backend, self.name)
-        try:
-            lease = self._acquire(caller)
-        except BaseException:
-            caller.close()
-            raise
+        # Every lock of the process on this store shares one caller and one renewal loop.
+        caller = session_of(self.backend)
+        lease = self._acquire(caller)
         self.lease = lease
         # A loss is signalled at once, by the renewer: the block's thread runs user code.
         term = Term(
@@ -167,7 +166,7 @@ class Lock:
         term.signal_elected()
         return lease
 
-    def _acquire(self, caller: StoreCaller) -> Lease:
+    def _acquire(self, caller: Caller) -> Lease:
         """Acquire, waiting while blocking: woken by the store when the lease is released
         (PostgreSQL, Redis), else trying every ``retry_interval``."""
         give_up = None if self.timeout is None else clock() + self.timeout
@@ -194,7 +193,7 @@ class Lock:
             watch = None
         return watch if watch is not None else _Polling()
 
-    def _attempt(self, caller: StoreCaller, give_up: float | None) -> tuple[Lease | None, float]:
+    def _attempt(self, caller: Caller, give_up: float | None) -> tuple[Lease | None, float]:
         """One acquisition: the lease, or (None, how long to wait before the next); raises
         ``LeaseHeld`` when not blocking or out of time."""
         timing = self.timing
@@ -253,10 +252,7 @@ class Lock:
             hold.depth -= 1
             return
         _set_hold(self.name, hold.shadowed)
-        try:
-            hold.term.end()
-        finally:
-            hold.term.caller.close()
+        hold.term.end()
 
 
 def lock(

@@ -4,10 +4,12 @@ mutex.
 
 A term begins with a grant (:func:`attempt`: one bounded acquisition; a grant that comes
 too late to be acted on is handed back here). A :class:`Term` then keeps it: its
-:class:`Renewer` renews the lease until the holder steps down (:meth:`Term.step_down`) or
-loses it, and :meth:`Term.end` stops the renewals, releases the lease within the bound of
-a store call, logs and sends the signals. Store calls run on a
-:class:`~django_leader.caller.StoreCaller`: none of them can hang the holder.
+:class:`Renewer` has the lease renewed, by the process's
+:class:`~django_leader.session.Session` for that store, until the holder steps down
+(:meth:`Term.step_down`) or loses it, and :meth:`Term.end` stops the renewals, releases the
+lease within the bound of a store call, logs and sends the signals. Store calls run on a
+:class:`~django_leader.caller.StoreCaller` (a ``lock()``'s on its session's): none of them
+can hang the holder.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import Any
 
 from . import backends, hooks, signals
 from .backends.base import Backend
-from .caller import StoreCaller
+from .caller import Caller, StoreCaller
 from .conf import Timing
 from .exceptions import BackendUnavailable
 from .lease import EventKind, Lease, LossReason, clock
+from .session import Session
+from .session import session as session_of
 
 logger = logging.getLogger("django_leader")
 
@@ -73,7 +77,7 @@ def acquire_once(
 
 def attempt(
     backend: Backend,
-    caller: StoreCaller,
+    caller: Caller,
     name: str,
     identity: str,
     timing: Timing,
@@ -129,12 +133,17 @@ def hand_back(backend: Backend, lease: Lease, label: str, why: str) -> None:
 
 # -- the term -----------------------------------------------------------------------------
 class Renewer:
-    """Renews one held lease every ``renew_interval`` in a background thread.
+    """Keeps one held lease renewed, every ``renew_interval``, by the process's
+    :class:`~django_leader.session.Session` for its backend: one loop renews every lease
+    the process holds on that store, batched (``renew_many``), each on its own terms.
 
     The lease is marked lost (``lease.lost`` set, ``on_lost(lease)`` called once) as soon
     as: a renewal is refused, or the local deadline (send time of the last successful
     acquire/renew + TTL - safety margin) passes, even if a renewal is still in flight.
-    Transient store errors are retried until that deadline.
+    Transient store errors are retried until that deadline. ``on_lost`` and ``on_renewed``
+    run on the session's caller thread, never on its loop; none runs after :meth:`stop`
+    has returned, and a loss not reported by then is reported by :meth:`stop` itself.
+    ``caller`` runs the history record of a loss.
     """
 
     def __init__(
@@ -142,7 +151,7 @@ class Renewer:
         backend: Backend,
         lease: Lease,
         timing: Timing,
-        caller: StoreCaller,
+        caller: Caller,
         on_lost: Callable[[Lease], None] | None = None,
         on_renewed: Callable[[Lease], None] | None = None,
     ) -> None:
@@ -154,122 +163,124 @@ class Renewer:
         self.caller = caller
         self.on_lost = on_lost
         self.on_renewed = on_renewed
-        self._stop = threading.Event()
-        self._kick = threading.Event()  # set by stop() and by a renewal that completes
-        self._report_lock = threading.Lock()
+        #: clock() at which the session renews the lease next (it may do so a little early,
+        #: to batch it with others), and whether a renewal of it is in flight: the
+        #: session's, changed under its lock.
+        self.next_renew = lease.deadline - timing.ttl + timing.safety_margin + timing.renew_interval
+        self.in_flight = False
+        self._session: Session | None = None
+        self._stopped = False
+        self._report_lock = threading.RLock()  # held while a report runs
         self._reported = False
-        self._thread = threading.Thread(
-            target=self._run, name=f"leader-renew:{lease.name}", daemon=True
-        )
+
+    def __repr__(self) -> str:
+        return f"<Renewer {self.lease.name!r} token {self.lease.token}>"
+
+    @property
+    def deadline(self) -> float:
+        deadline = self.lease.deadline
+        assert deadline is not None
+        return deadline
 
     def start(self) -> None:
-        self._thread.start()
+        self._session = session_of(self.backend)
+        self._session.add(self)
 
     def stop(self) -> None:
-        """Stop renewing (does not release). Returns at once, even while a renewal hangs.
+        """Stop renewing (does not release). Returns at once, even while a renewal hangs
+        (after any report of this lease already running).
 
-        A lease whose deadline passed before the thread could notice is reported lost here.
+        A lease whose deadline passed before the session could notice is reported lost here.
         """
-        self._stop.set()
-        self._kick.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        deadline = self.lease.deadline
-        if deadline is not None and clock() >= deadline:
-            self._lose(LossReason.DEADLINE)
-
-    def _run(self) -> None:
-        try:
-            self._renew_until_lost()
-        except Exception as exc:  # a bug or a foreign backend's error: never die silently
-            logger.exception("renewer of %r failed", self.lease.name)
-            self._lose(LossReason.RENEWER_FAILED, repr(exc))
-
-    def _renew_until_lost(self) -> None:
-        lease, timing = self.lease, self.timing
-        assert lease.deadline is not None
-        next_renew = lease.deadline - timing.ttl + timing.safety_margin + timing.renew_interval
-        while True:
-            deadline = lease.deadline
-            assert deadline is not None
-            if self._stop.wait(max(0.0, min(next_renew, deadline) - clock())):
-                return
-            now = clock()
-            if now >= deadline:
+        self._stopped = True
+        if self._session is not None:
+            self._session.remove(self)
+        with self._report_lock:  # after a report running now
+            if clock() >= self.deadline:
                 self._lose(LossReason.DEADLINE)
-                return
-            self._kick.clear()
-            future = self.caller.submit(
-                self.backend.renew, lease, timing.ttl, bound=max(0.0, deadline - now)
-            )
-            future.add_done_callback(lambda _: self._kick.set())
-            self._kick.wait(max(0.0, deadline - now))
-            if self._stop.is_set():
-                return
-            if not future.done():
-                hooks.notify("renew_failed", lease.name)
-                self._lose(LossReason.IN_FLIGHT)
+            elif self._lost_cause is not None:
+                self._report()  # the session marked it lost; its report is still queued
+
+    #: Set by the session when it marks the lease lost (the report may still be queued).
+    _lost_cause: LossReason | None = None
+
+    # -- called by the session ------------------------------------------------------------
+    def renewed(self, renewed: Lease, sent: float, took: float) -> bool:
+        """Take a renewal sent at ``sent``: False if it came too late (the lease must stay
+        lost: callers may already have seen it lost)."""
+        timing = self.timing
+        if not self.lease._update(renewed, sent + timing.ttl - timing.safety_margin):
+            return False
+        self.next_renew = sent + timing.renew_interval
+        hooks.notify("renew", self.lease.name, took)
+        if self.on_renewed is not None and self._session is not None:
+            self._session.submit(self._report_renewed, bound=timing.call_timeout)
+        return True
+
+    def _lost_in_session(self, cause: LossReason, detail: str = "") -> None:
+        """Mark the lease lost now (the session's loop) and report it on the session's
+        caller (user code never runs on the loop)."""
+        if cause is LossReason.IN_FLIGHT:
+            hooks.notify("renew_failed", self.lease.name)
+        self.lease._mark_lost(cause, detail)
+        self._lost_cause = cause
+        if self._session is None:
+            self._report()
+            return
+        try:
+            self._session.submit(self._report, bound=self.timing.call_timeout)
+        except RuntimeError:  # its caller is closing: report here
+            self._report()
+
+    def _report_renewed(self) -> None:
+        with self._report_lock:
+            if self._stopped or self._lost_cause is not None or self.on_renewed is None:
                 return
             try:
-                renewed = future.result()
-            except BackendUnavailable as exc:
-                hooks.notify("renew_failed", lease.name)
-                now = clock()
-                logger.warning(
-                    "renewing %r failed, retrying: %s", lease.name, exc, extra=log_extra(lease)
-                )
-                next_renew = now + min(timing.retry_interval, max(0.05, (deadline - now) / 2))
-                continue
-            if renewed is None:
-                hooks.notify("renew_refused", lease.name)
-                self._lose(LossReason.REFUSED)
-                return
-            hooks.notify("renew", lease.name, clock() - now)
-            if not lease._update(renewed, now + timing.ttl - timing.safety_margin):
-                # Answered, but too late: callers may already have seen the lease as lost,
-                # and it must never come back to life.
-                self._lose(LossReason.ANSWERED_LATE)
-                return
-            next_renew = now + timing.renew_interval
-            if self.on_renewed is not None:
-                try:
-                    self.on_renewed(lease)
-                except Exception:
-                    logger.exception("on_renewed handler for %r raised", lease.name)
+                self.on_renewed(self.lease)
+            except Exception:
+                logger.exception("on_renewed handler for %r raised", self.lease.name)
 
+    # -- the loss ---------------------------------------------------------------------------
     def _lose(self, cause: LossReason, detail: str = "") -> None:
         """Mark the lease lost and report it, exactly once, whoever marked it first (a
-        reader of ``lease.held`` may have seen the deadline pass before this thread did)."""
-        lease = self.lease
-        lease._mark_lost(cause, detail)
+        reader of ``lease.held`` may have seen the deadline pass before the session did)."""
+        self.lease._mark_lost(cause, detail)
+        self._report()
+
+    def _report(self) -> None:
         with self._report_lock:
             if self._reported:
                 return
             self._reported = True
-        reason = lease.lost_reason
-        logger.warning(
-            "lost lease %r (token %s): %s",
-            lease.name,
-            lease.token,
-            reason,
-            extra=log_extra(lease),
-        )
-        with suppress(RuntimeError):  # the owner may already have closed the caller
-            self.caller.submit(
-                self.backend.record, EventKind.LOST, lease, reason, bound=self.timing.call_timeout
+            lease = self.lease
+            logger.warning(
+                "lost lease %r (token %s): %s",
+                lease.name,
+                lease.token,
+                lease.lost_reason,
+                extra=log_extra(lease),
             )
-        if self.on_lost is not None:
-            try:
-                self.on_lost(lease)
-            except Exception:
-                logger.exception("on_lost handler for %r raised", lease.name)
+            with suppress(RuntimeError):  # the owner may already have closed the caller
+                self.caller.submit(
+                    self.backend.record,
+                    EventKind.LOST,
+                    lease,
+                    lease.lost_reason,
+                    bound=self.timing.call_timeout,
+                )
+            if self.on_lost is not None:
+                try:
+                    self.on_lost(lease)
+                except Exception:
+                    logger.exception("on_lost handler for %r raised", lease.name)
 
 
 class Term:
     """One holder's term on one lease, from its grant to its release.
 
     ``sender`` is the ``sender`` of the signals (the Elector, the lock); ``label`` names the
-    holder in the log. ``on_lost(term)`` runs in the renewer thread when the lease is lost
+    holder in the log. ``on_lost(term)`` runs on the session's caller when the lease is lost
     (not when the holder steps down). ``leader_lost`` is sent at most once per term: by
     :meth:`signal_lost`, and by :meth:`end` for a term that ends without a release.
     """
@@ -279,7 +290,7 @@ class Term:
         backend: Backend,
         lease: Lease,
         timing: Timing,
-        caller: StoreCaller,
+        caller: Caller,
         *,
         sender: Any,
         label: str,

@@ -27,6 +27,16 @@ def pytest_report_header(config: Any) -> list[str]:
     return lines
 
 
+@pytest.fixture(autouse=True)
+def _end_sessions() -> Iterator[None]:
+    """End every renewal session after each test: their threads and store connections
+    would otherwise outlive the backends the test made (until idle for 30 s)."""
+    yield
+    from django_leader import session
+
+    session.close_all(timeout=5)
+
+
 @pytest.fixture(params=list(DATABASE_STORES))
 def db_alias(request: pytest.FixtureRequest) -> str:
     """The alias of each database under test (the test DB is set up by the django_db mark)."""

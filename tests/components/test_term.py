@@ -18,6 +18,7 @@ from django_leader import (
     Elector,
     LeadershipLost,
     Lease,
+    session,
     signals,
 )
 from django_leader import lock as lock_
@@ -244,13 +245,16 @@ def test_fenced_follows_a_held_lease_not_a_snapshot(backend: Backend, lease_name
         pytest.fail("fenced() entered on a released lease")
 
 
-def test_term_threads_end(backend: Backend, lease_name: str) -> None:
+def test_a_term_is_renewed_by_its_session_until_it_ends(backend: Backend, lease_name: str) -> None:
     timing = Timing(3.0, 0.2, 0.1)
     lease, caller = granted(backend, lease_name, timing)
     term = Term(backend, lease, timing, caller, sender=None, label="test")
     term.begin()
+    renewals = session.session(backend)
+    assert renewals.leases == 1
+    renewed = lease.renewed_at
+    wait_until(lambda: lease.renewed_at != renewed, timeout=10, message="never renewed")
     term.end()
     caller.shutdown(wait=True)
-    names = {thread.name for thread in threading.enumerate()}
-    assert f"leader-renew:{lease_name}" not in names
-    assert not any(name.startswith(f"leader-io:{lease_name}#") for name in names)
+    assert renewals.leases == 0
+    assert not any(t.name.startswith(f"leader-io:{lease_name}#") for t in threading.enumerate())

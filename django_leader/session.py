@@ -1,0 +1,399 @@
+"""Sessions: one renewal loop per process and store for every lease the process holds.
+
+etcd's ``concurrency.Session``, ZooKeeper's session and Consul's session keep many keys
+alive with one heartbeat. A :class:`Session` does the same for leases: every
+:class:`~django_leader.term.Renewer` of a process on one backend (the renewals of
+``lock()``, :class:`~django_leader.Elector` and ``singleton_task``) registers with it, and
+one thread renews all those that are due together, in one
+:meth:`~django_leader.backends.base.Backend.renew_many` call per ttl — one round trip for
+all of them where the store can batch. Each lease keeps its own local deadline, token and
+loss: the loop marks a lease lost when *its* renewal is refused or *its* deadline passes
+(even while a batch is in flight), and one lease refused never costs the others theirs.
+
+A session owns three threads, whatever the number of leases:
+
+- ``leader-session``: the loop (schedules batches, enforces deadlines, applies results);
+- ``leader-io:renew#<n>``: the batches, on a connection of their own, so that renewals
+  never queue behind another call;
+- ``leader-io:session#<n>``: every other call of the holders — acquire, release, history
+  — and the reports of renewals and losses (``on_lost``, ``on_renewed``: user code never
+  runs on the loop).
+
+Two connections to the store, then (the backends keep one per thread). Both ``leader-io``
+threads are :class:`~django_leader.caller.StoreCaller` workers: a call that outlives its
+bound is left behind with its connection and the next calls go to a new thread (see
+docs/safety.md, "Bounded store calls"). A session idle for :data:`IDLE_TIMEOUT` seconds (no
+lease, no call) ends its threads and closes its connections; the next use starts them again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from . import hooks
+from .backends.base import Backend
+from .caller import StoreCaller
+from .exceptions import BackendUnavailable
+from .lease import Lease, LossReason, clock
+
+if TYPE_CHECKING:
+    from .term import Renewer
+
+logger = logging.getLogger("django_leader")
+
+T = TypeVar("T")
+
+#: Seconds a session without leases and calls keeps its threads and connections.
+IDLE_TIMEOUT = 30.0
+
+
+_Loss = tuple["Renewer", LossReason]
+
+
+class _Batch:
+    """One ``renew_many`` call in flight: its renewers, in the order sent."""
+
+    __slots__ = ("bound", "future", "renewers", "sent", "ttl")
+
+    def __init__(self, renewers: list[Renewer], ttl: float, sent: float, bound: float) -> None:
+        self.renewers = renewers
+        self.ttl = ttl
+        self.sent = sent
+        self.bound = bound  # clock() after which the call is deemed hung
+        self.future: Future[list[Lease | None]] | None = None
+
+
+class Session:
+    """Renews every lease this process holds on ``backend``, and runs its holders' calls.
+
+    Get one with :func:`session`; a renewer joins with :meth:`add` and leaves with
+    :meth:`remove`. :meth:`call` and :meth:`submit` are those of a
+    :class:`~django_leader.caller.StoreCaller` shared by every holder.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.pid = os.getpid()
+        self._cond = threading.Condition()
+        self._renewers: set[Renewer] = set()
+        self._batches: list[_Batch] = []  # in flight
+        self._done: list[_Batch] = []  # answered, not applied yet
+        self._thread: threading.Thread | None = None
+        self._renewals: StoreCaller | None = None
+        self._calls: StoreCaller | None = None
+        self._users = 0  # calls being waited for
+        self._last_use = clock()
+        self._wake_at: float | None = None  # when the loop means to wake, if it waits
+
+    def __repr__(self) -> str:
+        return f"<Session {self.backend!r}: {len(self._renewers)} leases>"
+
+    # -- the holders' calls ---------------------------------------------------------------
+    def _caller(self) -> StoreCaller:
+        """The shared caller, started on demand (call with ``_cond`` held)."""
+        if self._calls is None:
+            self._calls = StoreCaller(self.backend, "session")
+        self._last_use = clock()
+        self._start()
+        return self._calls
+
+    def submit(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        bound: float | None = None,
+        on_late: Callable[[T], None] | None = None,
+    ) -> Future[T]:
+        """:meth:`StoreCaller.submit <django_leader.caller.StoreCaller.submit>` on the
+        session's caller."""
+        with self._cond:
+            return self._caller().submit(fn, *args, bound=bound, on_late=on_late)
+
+    def call(
+        self,
+        timeout: float,
+        fn: Callable[..., T],
+        *args: Any,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T:
+        """:meth:`StoreCaller.call <django_leader.caller.StoreCaller.call>` on the
+        session's caller."""
+        with self._cond:
+            caller = self._caller()
+            self._users += 1
+        try:
+            return caller.call(timeout, fn, *args, on_late=on_late)
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._last_use = clock()
+
+    # -- renewers -------------------------------------------------------------------------
+    @property
+    def leases(self) -> int:
+        """How many leases the session renews now."""
+        return len(self._renewers)
+
+    def add(self, renewer: Renewer) -> None:
+        """Renew ``renewer``'s lease from now on, first at its ``next_renew``."""
+        with self._cond:
+            self._renewers.add(renewer)
+            self._last_use = clock()
+            self._start()
+            if self._wake_at is None or min(renewer.next_renew, renewer.deadline) < self._wake_at:
+                self._cond.notify_all()
+
+    def remove(self, renewer: Renewer) -> None:
+        """Stop renewing ``renewer``'s lease (a batch in flight is not waited for: its
+        answer for this lease is ignored). Returns at once."""
+        with self._cond:
+            self._renewers.discard(renewer)
+            self._last_use = clock()
+
+    # -- the loop -------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the loop if it is not running (call with ``_cond`` held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="leader-session", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._step():
+                pass
+        except Exception:  # a bug: never die silently, and let the leases go
+            logger.exception("the renewal session of %r failed", self.backend)
+            with self._cond:
+                renewers = list(self._renewers)
+                self._renewers.clear()
+                self._thread = None
+            for renewer in renewers:
+                renewer._lost_in_session(LossReason.RENEWER_FAILED, "the session loop failed")
+
+    def _step(self) -> bool:
+        """One turn of the loop: apply answers, enforce deadlines, send what is due, then
+        wait until something is due. False when the session ends (idle or closed)."""
+        with _registry_lock, self._cond:
+            if self._idle():
+                if _registry.get(id(self.backend)) is self:
+                    del _registry[id(self.backend)]
+                self._thread = None
+                self._stop_callers()
+                return False
+            done, self._done = self._done, []
+            now = clock()
+            lost, due = self._scan(now)
+        for batch in done:
+            self._apply(batch)
+        for renewer, cause in lost:
+            renewer._lost_in_session(cause)
+        with self._cond:
+            for ttl, renewers in due.items():
+                self._send(renewers, ttl, now)
+            self._unstick(clock())
+            wake = self._next_wake(clock())
+            if not self._done:
+                self._wake_at = wake
+                self._cond.wait(None if wake is None else max(0.0, wake - clock()))
+                self._wake_at = None
+        return True
+
+    def _idle(self) -> bool:
+        return (
+            not self._renewers
+            and not self._batches
+            and not self._done
+            and self._users == 0
+            and clock() - self._last_use >= IDLE_TIMEOUT
+        )
+
+    def _scan(self, now: float) -> tuple[list[_Loss], dict[float, list[Renewer]]]:
+        """The renewers whose deadline passed (removed), and those to renew now, by ttl: the
+        due ones and, with them, those due within half their renew interval (renewed a
+        little early, they join the same batch from then on)."""
+        lost: list[_Loss] = []
+        due: dict[float, list[Renewer]] = {}
+        for renewer in list(self._renewers):
+            if now >= renewer.deadline:
+                self._renewers.discard(renewer)
+                lost.append(
+                    (renewer, LossReason.IN_FLIGHT if renewer.in_flight else LossReason.DEADLINE)
+                )
+            elif not renewer.in_flight and renewer.next_renew <= now:
+                due.setdefault(renewer.timing.ttl, [])
+        for renewer in self._renewers:
+            if (
+                renewer.timing.ttl in due
+                and not renewer.in_flight
+                and renewer.next_renew <= now + renewer.timing.renew_interval / 2
+            ):
+                due[renewer.timing.ttl].append(renewer)
+        lost.sort(key=lambda loss: loss[0].deadline)  # reported in the order they ran out
+        return lost, due
+
+    def _send(self, renewers: list[Renewer], ttl: float, now: float) -> None:
+        """Send one batch (``_cond`` held)."""
+        bound = min(renewer.deadline for renewer in renewers)
+        batch = _Batch(renewers, ttl, now, bound)
+        for renewer in renewers:
+            renewer.in_flight = True
+        if self._renewals is None:
+            self._renewals = StoreCaller(self.backend, "renew")
+        future = self._renewals.submit(
+            self.backend.renew_many,
+            [renewer.lease for renewer in renewers],
+            ttl,
+            bound=max(0.0, bound - now),
+        )
+        batch.future = future
+        self._batches.append(batch)
+        future.add_done_callback(lambda _: self._answered(batch))
+
+    def _answered(self, batch: _Batch) -> None:
+        with self._cond:
+            if batch in self._batches:
+                self._batches.remove(batch)
+            self._done.append(batch)
+            self._cond.notify_all()
+
+    def _unstick(self, now: float) -> None:
+        """Leave a batch that outlived its bound to its thread, so that the next go to a
+        new one (``_cond`` held)."""
+        if self._renewals is not None and any(now >= b.bound for b in self._batches):
+            self._renewals.unstick()
+
+    def _next_wake(self, now: float) -> float | None:
+        """When the loop must wake next: a renewal due, a deadline, a hung batch, or the
+        end of idleness (``_cond`` held)."""
+        times = [
+            renewer.deadline if renewer.in_flight else min(renewer.next_renew, renewer.deadline)
+            for renewer in self._renewers
+        ]
+        times.extend(batch.bound for batch in self._batches if batch.bound > now)
+        if not times:
+            return self._last_use + IDLE_TIMEOUT
+        return min(times)
+
+    def _apply(self, batch: _Batch) -> None:
+        """Take a batch's answers: each lease renewed, refused or answered too late."""
+        assert batch.future is not None
+        with self._cond:
+            renewers = [r for r in batch.renewers if r in self._renewers]
+            for renewer in batch.renewers:
+                renewer.in_flight = False
+        took = clock() - batch.sent
+        try:
+            results = batch.future.result()
+            if len(results) != len(batch.renewers):
+                raise RuntimeError(
+                    f"renew_many returned {len(results)} results for {len(batch.renewers)} leases"
+                )
+        except BackendUnavailable as exc:
+            self._retry(renewers, exc)
+            return
+        except Exception as exc:  # a backend's bug: these leases cannot be renewed
+            logger.error("renewing %d leases failed: %r", len(renewers), exc, exc_info=exc)
+            self._drop(renewers, LossReason.RENEWER_FAILED, repr(exc))
+            return
+        answers = dict(zip(map(id, batch.renewers), results, strict=True))
+        refused: list[Renewer] = []
+        late: list[Renewer] = []
+        for renewer in renewers:
+            renewed = answers[id(renewer)]
+            if renewed is None:
+                hooks.notify("renew_refused", renewer.lease.name)
+                refused.append(renewer)
+            elif renewer.renewed(renewed, batch.sent, took):
+                continue
+            else:
+                late.append(renewer)
+        self._drop(refused, LossReason.REFUSED)
+        self._drop(late, LossReason.ANSWERED_LATE)
+
+    def _retry(self, renewers: list[Renewer], exc: BackendUnavailable) -> None:
+        now = clock()
+        for renewer in renewers:
+            hooks.notify("renew_failed", renewer.lease.name)
+            left = renewer.deadline - now
+            renewer.next_renew = now + min(renewer.timing.retry_interval, max(0.05, left / 2))
+        if renewers:
+            logger.warning(
+                "renewing %d lease(s) (%s) failed, retrying: %s",
+                len(renewers),
+                ", ".join(repr(r.lease.name) for r in renewers[:3])
+                + (", …" if len(renewers) > 3 else ""),
+                exc,
+            )
+
+    def _drop(self, renewers: list[Renewer], cause: LossReason, detail: str = "") -> None:
+        if not renewers:
+            return
+        with self._cond:
+            for renewer in renewers:
+                self._renewers.discard(renewer)
+        for renewer in renewers:
+            renewer._lost_in_session(cause, detail)
+
+    # -- end ------------------------------------------------------------------------------
+    def _stop_callers(self) -> None:
+        """Close both callers: their threads end, closing their connections (``_cond``
+        held). Returns at once, even while a call hangs."""
+        for caller in (self._renewals, self._calls):
+            if caller is not None:
+                caller.close()
+        self._renewals = self._calls = None
+
+    def close(self) -> None:
+        """End the session now: stop renewing (its leases run out at their deadlines),
+        end its threads and close its connections. Returns at once. A later use starts
+        them again."""
+        with self._cond:
+            self._renewers.clear()
+            self._last_use = float("-inf")
+            if self._thread is None:
+                self._stop_callers()
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` for the loop to end (after :meth:`close`)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+
+_registry_lock = threading.Lock()
+#: id(backend) -> its session in this process, while the session is in use (a session
+#: holds its backend, so the id is not reused meanwhile); an idle session leaves.
+_registry: dict[int, Session] = {}
+
+
+def session(backend: Backend) -> Session:
+    """The session of ``backend`` in this process (a new one after a fork, or after the
+    last one ended idle)."""
+    with _registry_lock:
+        found = _registry.get(id(backend))
+        if found is None or found.pid != os.getpid():
+            found = _registry[id(backend)] = Session(backend)
+        with found._cond:
+            found._last_use = clock()  # not idle: it is about to be used
+        return found
+
+
+def close_all(timeout: float | None = None) -> None:
+    """Close every session of this process (tests call it between cases, so that no
+    thread or connection outlives the backend it was for) and wait up to ``timeout`` for
+    their loops to end."""
+    with _registry_lock:
+        sessions = list(_registry.values())
+        _registry.clear()
+    for found in sessions:
+        found.close()
+    for found in sessions:
+        found.join(timeout)

@@ -1,0 +1,185 @@
+"""Sessions: one renewal loop per process and store for every lease held (issue 14).
+
+Against every real store: many locks renewed together by ``renew_many`` batches, each lease
+still lost on its own terms (a refusal, its own deadline while a batch hangs), reports off
+the loop, and an idle session that ends its threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+
+from django_leader import lock, session, signals
+from django_leader.lease import Lease, LossReason, clock
+from tests.support.counting import CountingBackend
+from tests.support.faults import FaultyBackend
+from tests.support.stores import stores_db
+from tests.support.waiting import wait_until
+
+pytestmark = stores_db
+WAIT = 15.0
+TTL = 2.4  # renewed every 0.8 s
+
+
+def held(stack: ExitStack, names: list[str], backend: Any) -> list[Lease]:
+    return [stack.enter_context(lock(name, ttl=TTL, backend=backend)) for name in names]
+
+
+def test_many_locks_are_renewed_together(backend: Any, lease_name: str) -> None:
+    counted = CountingBackend(backend)
+    names = [f"{lease_name}-{i}" for i in range(120)]
+    with ExitStack() as stack:
+        leases = held(stack, names, counted)
+        assert session.session(counted).leases == len(names)
+        started = clock()
+        first = {lease.name: lease.renewed_at for lease in leases}
+        intervals = 3
+        time.sleep(intervals * TTL / 3)
+        calls = counted.log.between(started)
+        assert all(lease.held for lease in leases)
+        # Every lease was renewed since, in batches: never one renew() call per lease.
+        assert all(lease.renewed_at != first[lease.name] for lease in leases)
+        tally = counted.log.tally(calls)
+        assert tally["renew"] == 0, tally
+        # At most about two batches per interval, however many leases (acquisitions spread
+        # over time are pulled into one batch by renewing a little early).
+        assert 1 <= tally["renew_many"] <= 3 * (intervals + 1), tally
+    assert session.session(counted).leases == 0
+    assert all(not lease.held for lease in leases)
+    assert all(backend.read(name) is None for name in names)
+
+
+def test_a_refused_lease_costs_no_other_its_term(backend: Any, lease_name: str) -> None:
+    names = [f"{lease_name}-{i}" for i in range(12)]
+    with ExitStack() as stack:
+        leases = held(stack, names, backend)
+        victim, others = leases[5], leases[:5] + leases[6:]
+        assert backend.force_release(victim.name) is not None
+        assert victim.lost.wait(WAIT)
+        assert victim.lost_cause is LossReason.REFUSED
+        renewed = {lease.name: lease.renewed_at for lease in others}
+        wait_until(
+            lambda: all(lease.renewed_at != renewed[lease.name] for lease in others),
+            timeout=WAIT,
+            message="the other leases were not renewed after the refusal",
+        )
+        assert all(lease.held for lease in others)
+
+
+def test_a_hung_batch_loses_each_lease_at_its_own_deadline(
+    db_backend: Any, lease_name: str
+) -> None:
+    """A batch that hangs keeps its leases in flight; each is lost when its own deadline
+    passes (not all at the first), and leases taken afterwards are renewed on a new
+    connection, not queued behind the hung call."""
+    faulty = FaultyBackend(db_backend)
+    with ExitStack() as stack:
+        first = stack.enter_context(lock(f"{lease_name}-a", ttl=TTL, backend=faulty))
+        time.sleep(0.3)  # a later deadline; renewed in the same batch (a little early)
+        second = stack.enter_context(lock(f"{lease_name}-b", ttl=TTL, backend=faulty))
+        faulty.hang_renew.set()
+        assert faulty.renew_started.wait(WAIT)
+        assert first.lost.wait(WAIT) and second.lost.wait(WAIT)
+        assert first.lost_cause is LossReason.IN_FLIGHT
+        assert second.lost_cause is LossReason.IN_FLIGHT
+        faulty.hang_renew.clear()  # new renewals answer; the hung one still hangs
+        third = stack.enter_context(lock(f"{lease_name}-c", ttl=TTL, backend=faulty))
+        token = third.token
+        renewed = third.renewed_at
+        wait_until(
+            lambda: third.renewed_at != renewed,
+            timeout=WAIT,
+            message="a lease taken after the hang was never renewed",
+        )
+        assert third.held and third.token == token
+        faulty.unblock.set()
+        assert faulty.hung_renew_returned.wait(WAIT)
+        # The hung call's late answers revive nothing.
+        assert not first.held and not second.held
+    assert first.deadline is not None and second.deadline is not None
+    assert first.deadline < second.deadline
+
+
+def test_each_lease_is_lost_no_sooner_than_its_deadline(db_backend: Any, lease_name: str) -> None:
+    faulty = FaultyBackend(db_backend)
+    seen: dict[str, float] = {}
+
+    def receiver(sender: Any, lease: Lease, **kwargs: Any) -> None:
+        seen[lease.name] = clock()
+
+    signals.leader_lost.connect(receiver, weak=False)
+    try:
+        with ExitStack() as stack:
+            leases = []
+            for i in range(3):
+                leases.append(
+                    stack.enter_context(lock(f"{lease_name}-{i}", ttl=TTL, backend=faulty))
+                )
+                time.sleep(0.2)
+            faulty.hang_renew.set()
+            for lease in leases:
+                assert lease.lost.wait(WAIT)
+            deadlines = {lease.name: lease.deadline or 0.0 for lease in leases}
+            wait_until(lambda: len(seen) == 3, timeout=WAIT, message=lambda: seen)
+            faulty.unblock.set()
+    finally:
+        signals.leader_lost.disconnect(receiver)
+    for name, at in seen.items():
+        assert at >= deadlines[name] > 0, (name, at, deadlines[name])
+    # Lost in the order of their deadlines, one by one.
+    assert sorted(seen, key=seen.__getitem__) == sorted(deadlines, key=deadlines.__getitem__)
+
+
+def test_a_slow_loss_receiver_never_holds_back_the_renewals(backend: Any, lease_name: str) -> None:
+    """``leader_lost`` receivers (user code) run on the session's caller, not its loop:
+    while one blocks, every other lease is still renewed."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    def receiver(sender: Any, lease: Lease, **kwargs: Any) -> None:
+        if lease.name.startswith(lease_name):
+            entered.set()
+            release.wait(WAIT)
+
+    signals.leader_lost.connect(receiver, weak=False)
+    try:
+        with ExitStack() as stack:
+            victim, other = held(stack, [f"{lease_name}-victim", f"{lease_name}-other"], backend)
+            backend.force_release(victim.name)
+            assert entered.wait(WAIT)
+            renewed = other.renewed_at
+            wait_until(
+                lambda: other.renewed_at != renewed,
+                timeout=WAIT,
+                message="no renewal while a leader_lost receiver blocked",
+            )
+            assert other.held
+            release.set()
+    finally:
+        release.set()
+        signals.leader_lost.disconnect(receiver)
+
+
+@pytest.mark.parametrize("idle", [0.3])
+def test_an_idle_session_ends_its_threads(
+    db_backend: Any, lease_name: str, idle: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(session, "IDLE_TIMEOUT", idle)
+    found = session.session(db_backend)
+    with lock(lease_name, ttl=TTL, backend=db_backend) as lease:
+        assert lease.held
+        thread = found._thread
+        assert thread is not None and thread.is_alive() and thread.name == "leader-session"
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert session.session(db_backend) is not found  # it left the registry
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("leader-io:session#")],
+        timeout=WAIT,
+        message=lambda: [t.name for t in threading.enumerate()],
+    )
