@@ -133,6 +133,7 @@ class Caller(Protocol):
         *args: Any,
         bound: float | None = None,
         on_late: Callable[[T], None] | None = None,
+        urgent: bool = False,
     ) -> Future[T]: ...
 
     def call(
@@ -178,10 +179,12 @@ class StoreCaller:
         *args: Any,
         bound: float | None = None,
         on_late: Callable[[T], None] | None = None,
+        urgent: bool = False,
     ) -> Future[T]:
         """Queue ``fn(*args)``; the future of its outcome. ``bound``: seconds after which
-        the call, if still running, is deemed hung and left behind."""
-        return self._submit(fn, args, bound, on_late).future
+        the call, if still running, is deemed hung and left behind. ``urgent``: ahead of
+        every call queued (a renewal)."""
+        return self._submit(fn, args, bound, on_late, urgent).future
 
     def call(
         self,
@@ -206,6 +209,7 @@ class StoreCaller:
         args: tuple[Any, ...],
         bound: float | None,
         on_late: Callable[[Any], None] | None,
+        urgent: bool = False,
     ) -> _Call:
         with self._cond:
             if self._closed:
@@ -216,7 +220,10 @@ class StoreCaller:
             elif worker.hung(clock()):
                 worker = self._abandon(worker)
             call = _Call(fn, args, None if bound is None else max(0.0, bound), on_late, worker)
-            worker.queue.append(call)
+            if urgent:
+                worker.queue.appendleft(call)
+            else:
+                worker.queue.append(call)
             self._cond.notify_all()
             return call
 
@@ -267,7 +274,7 @@ class StoreCaller:
             "connection; the next calls use a new one",
             getattr(running.fn, "__name__", running.fn) if running else "?",
             self.name,
-            running.bound if running and running.bound is not None else 0.0,
+            clock() - running.started if running and running.started is not None else 0.0,
         )
         pending, worker.queue = worker.queue, deque()
         if self._closed and not pending:
@@ -285,13 +292,20 @@ class StoreCaller:
         self._cond.notify_all()
         return new
 
-    def unstick(self) -> None:
-        """Leave the running call to its thread if it has outlived its bound, so that the
-        calls queued behind it run on a new one now (for a caller that only submits, and
-        so never waits in :meth:`call`, which does this itself)."""
+    def unstick(self, force: bool = False) -> None:
+        """Leave the running call to its thread if it has outlived its bound (``force``:
+        whatever it has run), so that the calls queued behind it run on a new thread and
+        connection now; the call left behind still completes for whoever waits for it.
+        For a caller that only submits, and so never waits in :meth:`call`, which does
+        this itself."""
         with self._cond:
             worker = self._worker
-            if worker is not None and not worker.abandoned and worker.hung(clock()):
+            if (
+                worker is not None
+                and not worker.abandoned
+                and worker.running is not None
+                and (force or worker.hung(clock()))
+            ):
                 self._abandon(worker)
 
     # -- end ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import hooks, signals
 from .backends.base import Backend, Watch
+from .caller import Caller
 from .conf import (
     default_identity,
     get_settings,
@@ -35,7 +36,8 @@ from .election import (
 )
 from .exceptions import BackendUnavailable, NotSupportedError
 from .lease import Lease, LossReason, _use_lease, clock
-from .term import StoreCaller, Term, attempt, call_bound, log_extra, resolve_backend
+from .session import session as session_of
+from .term import Term, attempt, call_bound, log_extra, resolve_backend
 
 logger = logging.getLogger("django_leader")
 
@@ -141,7 +143,6 @@ class Elector:
         self._resign_backoff: float | None = None
         self._last_seen: Lease | None = None
         self._announce_due = 0.0
-        self._reader: StoreCaller | None = None  # for leader(), made on first use
         self._candidate = Candidate.here(self.identity, self.priority)
         self._follow = threading.Event()  # a waiting candidate's wake-up (store, stop())
         self._watch: Watch | None = None
@@ -191,12 +192,7 @@ class Elector:
         return self._read(self.backend.read, self.name)
 
     def _read(self, call: Callable[..., Any], *args: Any) -> Any:
-        with self._state:
-            reader = self._reader
-            if reader is None:
-                reader = self._reader = StoreCaller(self.backend, f"{self.name}:read")
-                # Its thread and connection end with this elector.
-                weakref.finalize(self, reader.close)
+        reader = session_of(self.backend)  # the process's caller for this store
         bound = call_bound(self.timing)
         try:
             return reader.call(bound, call, *args)
@@ -303,7 +299,9 @@ class Elector:
     def _run(self, work: Work | None) -> None:
         if not self._running.acquire(blocking=False):
             raise RuntimeError(f"{self!r} is already running")
-        caller = StoreCaller(self.backend, self.name)
+        # Its store calls run on the process's session for the store, with every other
+        # Elector's and lock's: threads and connections do not grow with the electors.
+        caller: Caller = session_of(self.backend)
         _running.add(self)
         ended = threading.Event()
         with self._state:
@@ -351,14 +349,13 @@ class Elector:
                         self.name,
                         self.identity,
                     )
-            caller.close()
             self._running.release()
             with self._state:
                 if self._ended is ended:
                     self._campaigning = self._ended = None
             ended.set()
 
-    def _campaign(self, caller: StoreCaller, called: bool = False) -> Lease | None:
+    def _campaign(self, caller: Caller, called: bool = False) -> Lease | None:
         timing = self.timing
         bound = timing.ttl - timing.safety_margin  # an answer after it could not be used
         self._seen = None  # unless this attempt sees a holder (an error: poll as usual)
@@ -393,7 +390,7 @@ class Elector:
         return acquired
 
     # -- the queue (fifo, priority) and wake-ups ------------------------------------------
-    def _my_turn(self, caller: StoreCaller) -> bool:
+    def _my_turn(self, caller: Caller) -> bool:
         """fifo/priority: whether this candidate is first in the queue (or the registry is
         unknown: then every candidate races). When it is not, read who leads instead (for
         ``on_new_leader`` and to know when that lease would run out)."""
@@ -420,7 +417,7 @@ class Elector:
         self._place = place(self.identity, [m for m in members if m.identity != holder], self.mode)
         return may_try(self.identity, members, self.mode, holder=holder)
 
-    def _read_members(self, caller: StoreCaller) -> list[Candidate] | None:
+    def _read_members(self, caller: Caller) -> list[Candidate] | None:
         """The registry, read now (None if unknown), with the membership signals."""
         try:
             members = caller.call(call_bound(self.timing), self.backend.candidates, self.name)
@@ -508,7 +505,7 @@ class Elector:
         # lease that should have expired by now is tried again after retry_interval.
         return min(cap, max(0.005, until)) if until > -0.5 else retry
 
-    def _leave_queue(self, caller: StoreCaller) -> None:
+    def _leave_queue(self, caller: Caller) -> None:
         """Leave the registry (in the background, on the store thread: before any later
         announcement): when elected, and again when the term ends (should the first have
         failed), so that the next announcement joins the tail of the queue."""
@@ -522,7 +519,7 @@ class Elector:
                 bound=self.timing.call_timeout,
             )
 
-    def _wake_next(self, caller: StoreCaller, to: str) -> None:
+    def _wake_next(self, caller: Caller, to: str) -> None:
         """After a release: wake whoever may take the lease now. The release itself woke
         the candidates of a race; in a fifo or priority queue only the next in line is
         woken (``to``, or the first of the queue)."""
@@ -544,7 +541,7 @@ class Elector:
     def _label(self) -> str:
         return f"{self.identity} (elector of {self.name!r})"
 
-    def _announce(self, caller: StoreCaller) -> None:
+    def _announce(self, caller: Caller) -> None:
         """Tell the store, now and then, that this elector campaigns (for ``leader status``;
         best effort, never waited for, never part of the lease decision).
 
@@ -634,7 +631,7 @@ class Elector:
                 )
             self._callback(self.on_new_leader, lease)
 
-    def _lead(self, lease: Lease, work: Work | None, caller: StoreCaller) -> None:
+    def _lead(self, lease: Lease, work: Work | None, caller: Caller) -> None:
         self._work_error = None
         self._resign_backoff = None
         self._handover_to = ""
@@ -719,7 +716,7 @@ class Elector:
         if not stuck:
             end_term()
 
-    def _hold(self, lease: Lease, caller: StoreCaller) -> bool:
+    def _hold(self, lease: Lease, caller: Caller) -> bool:
         """Lead until the term must end; True if the watchdog ended it.
 
         Every ``renew_interval`` the registry is read: the membership signals, and in
@@ -761,7 +758,7 @@ class Elector:
             # work; and at the deadline at the latest, should the renewer not say so.
             self._wake.wait(max(0.0, wake_at - clock()))
 
-    def _read_registry(self, caller: StoreCaller) -> None:
+    def _read_registry(self, caller: Caller) -> None:
         """Read the registry in the background (at most one read in flight)."""
         if self._reading is not None and not self._reading.done():
             return

@@ -10,20 +10,20 @@ all of them where the store can batch. Each lease keeps its own local deadline, 
 loss: the loop marks a lease lost when *its* renewal is refused or *its* deadline passes
 (even while a batch is in flight), and one lease refused never costs the others theirs.
 
-A session owns three threads, whatever the number of leases:
+A session owns two threads and one store connection, whatever the number of leases:
 
 - ``leader-session``: the loop (schedules batches, enforces deadlines, applies results);
-- ``leader-io:renew#<n>``: the batches, on a connection of their own, so that renewals
-  never queue behind another call;
-- ``leader-io:session#<n>``: every other call of the holders — acquire, release, history
-  — and the reports of renewals and losses (``on_lost``, ``on_renewed``: user code never
-  runs on the loop).
+- ``leader-io:session#<n>``: a :class:`~django_leader.caller.StoreCaller` worker (the
+  backends keep one connection per thread) for the batches, every other call of the
+  holders — acquire, release, the campaign of an Elector, history — and the reports of
+  renewals and losses (``on_lost``, ``on_renewed``: user code never runs on the loop).
 
-Two connections to the store, then (the backends keep one per thread). Both ``leader-io``
-threads are :class:`~django_leader.caller.StoreCaller` workers: a call that outlives its
-bound is left behind with its connection and the next calls go to a new thread (see
-docs/safety.md, "Bounded store calls"). A session idle for :data:`IDLE_TIMEOUT` seconds (no
-lease, no call) ends its threads and closes its connections; the next use starts them again.
+A batch goes ahead of every queued call. Should it not start within its leases' call
+timeout (a slow call ahead of it), or run past its bound, the worker is left to that call
+with its connection and the next calls go to a new thread (see docs/safety.md, "Bounded
+store calls"): a renewal never waits long for anything else. A session idle for
+:data:`IDLE_TIMEOUT` seconds (no lease, no call) ends its threads and closes its
+connection; the next use starts them again.
 """
 
 from __future__ import annotations
@@ -58,14 +58,39 @@ _Loss = tuple["Renewer", LossReason]
 class _Batch:
     """One ``renew_many`` call in flight: its renewers, in the order sent."""
 
-    __slots__ = ("bound", "future", "renewers", "sent", "ttl")
+    __slots__ = ("bound", "future", "left", "patience", "renewers", "sent", "ttl")
 
-    def __init__(self, renewers: list[Renewer], ttl: float, sent: float, bound: float) -> None:
+    def __init__(self, renewers: list[Renewer], ttl: float, sent: float) -> None:
         self.renewers = renewers
         self.ttl = ttl
         self.sent = sent
-        self.bound = bound  # clock() after which the call is deemed hung
+        #: clock() after which the call is deemed hung: the first deadline among its leases.
+        self.bound = min(renewer.deadline for renewer in renewers)
+        #: clock() by which the call must have started (not queued behind a slow one).
+        self.patience = sent + min(renewer.timing.call_timeout for renewer in renewers) / 2
         self.future: Future[list[Lease | None]] | None = None
+        self.left = False  # left behind, hung, with its thread
+
+    def hung(self, now: float) -> bool:
+        """Running past its bound (and not left behind yet)."""
+        future = self.future
+        return (
+            not self.left
+            and now >= self.bound
+            and future is not None
+            and future.running()
+            and not future.done()
+        )
+
+    def waiting(self, now: float) -> bool:
+        """Queued past its patience, behind another call."""
+        future = self.future
+        return (
+            future is not None
+            and not future.running()
+            and not future.done()
+            and (now >= self.patience)
+        )
 
 
 class Session:
@@ -84,7 +109,6 @@ class Session:
         self._batches: list[_Batch] = []  # in flight
         self._done: list[_Batch] = []  # answered, not applied yet
         self._thread: threading.Thread | None = None
-        self._renewals: StoreCaller | None = None
         self._calls: StoreCaller | None = None
         self._users = 0  # calls being waited for
         self._last_use = clock()
@@ -108,11 +132,12 @@ class Session:
         *args: Any,
         bound: float | None = None,
         on_late: Callable[[T], None] | None = None,
+        urgent: bool = False,
     ) -> Future[T]:
         """:meth:`StoreCaller.submit <django_leader.caller.StoreCaller.submit>` on the
         session's caller."""
         with self._cond:
-            return self._caller().submit(fn, *args, bound=bound, on_late=on_late)
+            return self._caller().submit(fn, *args, bound=bound, on_late=on_late, urgent=urgent)
 
     def call(
         self,
@@ -237,18 +262,16 @@ class Session:
         return lost, due
 
     def _send(self, renewers: list[Renewer], ttl: float, now: float) -> None:
-        """Send one batch (``_cond`` held)."""
-        bound = min(renewer.deadline for renewer in renewers)
-        batch = _Batch(renewers, ttl, now, bound)
+        """Send one batch, ahead of every queued call (``_cond`` held)."""
+        batch = _Batch(renewers, ttl, now)
         for renewer in renewers:
             renewer.in_flight = True
-        if self._renewals is None:
-            self._renewals = StoreCaller(self.backend, "renew")
-        future = self._renewals.submit(
+        future = self._caller().submit(
             self.backend.renew_many,
             [renewer.lease for renewer in renewers],
             ttl,
-            bound=max(0.0, bound - now),
+            bound=max(0.0, batch.bound - now),
+            urgent=True,
         )
         batch.future = future
         self._batches.append(batch)
@@ -262,10 +285,16 @@ class Session:
             self._cond.notify_all()
 
     def _unstick(self, now: float) -> None:
-        """Leave a batch that outlived its bound to its thread, so that the next go to a
-        new one (``_cond`` held)."""
-        if self._renewals is not None and any(now >= b.bound for b in self._batches):
-            self._renewals.unstick()
+        """Leave the worker to its call if a batch outlived its bound there, or waited past
+        its patience behind another call: the next calls go to a new thread and connection
+        (``_cond`` held)."""
+        if self._calls is None:
+            return
+        hung = [batch for batch in self._batches if batch.hung(now)]
+        for batch in hung:
+            batch.left = True
+        if hung or any(batch.waiting(now) for batch in self._batches):
+            self._calls.unstick(force=True)
 
     def _next_wake(self, now: float) -> float | None:
         """When the loop must wake next: a renewal due, a deadline, a hung batch, or the
@@ -275,6 +304,11 @@ class Session:
             for renewer in self._renewers
         ]
         times.extend(batch.bound for batch in self._batches if batch.bound > now)
+        times.extend(
+            batch.patience
+            for batch in self._batches
+            if batch.patience > now and batch.future is not None and not batch.future.running()
+        )
         if not times:
             return self._last_use + IDLE_TIMEOUT
         return min(times)
@@ -341,12 +375,11 @@ class Session:
 
     # -- end ------------------------------------------------------------------------------
     def _stop_callers(self) -> None:
-        """Close both callers: their threads end, closing their connections (``_cond``
-        held). Returns at once, even while a call hangs."""
-        for caller in (self._renewals, self._calls):
-            if caller is not None:
-                caller.close()
-        self._renewals = self._calls = None
+        """Close the caller: its thread ends, closing its connection (``_cond`` held).
+        Returns at once, even while a call hangs."""
+        if self._calls is not None:
+            self._calls.close()
+        self._calls = None
 
     def close(self) -> None:
         """End the session now: stop renewing (its leases run out at their deadlines),

@@ -314,13 +314,13 @@ def test_elector_is_elected_again_while_its_old_connection_stays_frozen(
 @contextlib.contextmanager
 def pg_pids_of_threads(marker: str) -> Iterator[list[int]]:
     """The server process ids of the PostgreSQL connections opened meanwhile by threads whose
-    name contains ``marker`` and by the renewal sessions' threads (this test's own
+    name contains ``marker`` and by the sessions' I/O threads (this test's own
     connections, nobody else's: the sessions of earlier tests are closed)."""
     pids: list[int] = []
 
     def created(sender: Any, connection: Any, **kwargs: Any) -> None:
         name = threading.current_thread().name
-        ours = marker in name or name.startswith(("leader-io:session#", "leader-io:renew#"))
+        ours = marker in name or name.startswith("leader-io:session#")
         if connection.vendor == "postgresql" and ours:
             pids.append(connection.connection.info.backend_pid)
 
