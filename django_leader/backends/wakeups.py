@@ -108,7 +108,7 @@ class WakeHub:
         with self._lock:
             for name in names:
                 self._watches.setdefault(name, set()).add(watch)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:  # else it listens for this watch too
                 self._thread = threading.Thread(
                     target=self._run, name=self.thread_name, daemon=True
                 )
@@ -141,6 +141,22 @@ class WakeHub:
 
     # -- the listening thread -------------------------------------------------------------
     def _run(self) -> None:
+        """Listen while there are watches. The thread leaves ``_thread`` only under the
+        lock, once it has found none: a watch made meanwhile starts a new one, never two
+        side by side."""
+        try:
+            while True:
+                self._listen()
+                with self._lock:
+                    if not self._watches:
+                        self._thread = None
+                        return
+        except BaseException:
+            with self._lock:
+                self._thread = None
+            raise
+
+    def _listen(self) -> None:
         backoff = MIN_BACKOFF
         connected = False
         try:
@@ -148,7 +164,7 @@ class WakeHub:
                 with self._lock:
                     wanted = set(self._watches)
                 if not wanted:
-                    return  # the last watch closed; a new one starts a new thread
+                    return  # the last watch closed (_run decides, under the lock)
                 try:
                     if not connected:
                         self.transport.connect()
@@ -192,12 +208,6 @@ class WakeHub:
                 self.transport.close()
             with self._lock:
                 self._subscribed = set()
-                if self._watches and self._thread is threading.current_thread():
-                    # A watch arrived as the thread was ending: hand over to a new one.
-                    self._thread = threading.Thread(
-                        target=self._run, name=self.thread_name, daemon=True
-                    )
-                    self._thread.start()
 
     def _sync(self, wanted: set[str]) -> None:
         with self._lock:
