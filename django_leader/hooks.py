@@ -8,9 +8,9 @@ and must be quick; an exception in it is logged and ignored.
 Events: ``renew`` (seconds a successful renewal took: the round trip of the
 ``renew_many`` batch it was renewed in, the same for every lease of the batch),
 ``renew_failed`` (1; the store answered with an error or not at all), ``renew_refused``
-(1), ``leaderless`` (seconds the
-name had no leader before an Elector of this process took it over after an expiry, by the
-store's clock: from the previous lease's expiry as last seen to the takeover).
+(1), ``leaderless`` (seconds the name had no leader before an Elector of this process
+took it over after an expiry, by the store's clock: from the previous lease's expiry as
+last seen to the takeover).
 """
 
 from __future__ import annotations
