@@ -419,6 +419,17 @@ def session(backend: Backend) -> Session:
         return found
 
 
+def _after_fork() -> None:
+    """In a forked child: no session of the parent's is usable (their threads are gone),
+    and the registry's lock may have been held by a parent thread at the fork."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    _registry.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def close_all(timeout: float | None = None) -> None:
     """Close every session of this process (tests call it between cases, so that no
     thread or connection outlives the backend it was for) and wait up to ``timeout`` for
