@@ -31,8 +31,9 @@ def ops(data: dict[str, Any], path: Path) -> None:
     width = 0.8 / len(kinds)
     for k, kind in enumerate(kinds):
         xs = [i + (k - len(kinds) / 2 + 0.5) * width for i in range(len(stores))]
-        medians = [data["stores"][s][kind]["median"] * 1000 for s in stores]
-        p99s = [data["stores"][s][kind]["p99"] * 1000 for s in stores]
+        found = [data["stores"][s].get(kind) for s in stores]
+        medians = [f["median"] * 1000 if f else 0 for f in found]
+        p99s = [f["p99"] * 1000 if f else float("nan") for f in found]
         ax.bar(xs, medians, width, label=kind)
         ax.scatter(xs, p99s, marker="_", color="black", s=60, zorder=3)
     ax.scatter([], [], marker="_", color="black", label="p99")

@@ -156,14 +156,16 @@ def ops_section(part: dict[str, Any]) -> str:
         kinds = data["stores"].get(label)
         if not kinds:
             continue
-        raw = kinds["raw renew"]["median"]
+        raw = kinds["raw renew"]["median"] if "raw renew" in kinds else None
         for kind in ("ping", "raw renew", "renew", "acquire", "release", "lock()"):
+            if kind not in kinds:
+                continue
             s = kinds[kind]
             reps = s["repeat_medians"]
             spread = (max(reps) - min(reps)) / s["median"] if s["median"] else 0
             if spread > SPREAD:
                 noisy.append(f"{STORE_NAMES[label]} {kind}")
-            ratio = f"{s['median'] / raw:.2f}x" if kind != "ping" else ""
+            ratio = f"{s['median'] / raw:.2f}x" if kind != "ping" and raw else ""
             rows.append(
                 [
                     STORE_NAMES[label],
@@ -405,7 +407,10 @@ def scale_section(part: dict[str, Any]) -> str:
             continue
         held = f"{r['held']:,}"
         if r.get("stopped"):
-            held += f" (stopped: {r['stopped']})"
+            why = r["stopped"]
+            if "FATAL:" in why:  # the server's words, without the connection string
+                why = "PostgreSQL: " + " ".join(why.split("FATAL:", 1)[1].split())
+            held += f" (then stopped: {why})"
         intervals = r["requests_per_s"] * renew_every
         rows.append(
             [

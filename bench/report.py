@@ -95,6 +95,8 @@ def part_ops(args: argparse.Namespace) -> dict[str, Any]:
     for label, kinds in found["stores"].items():
         stores[label] = {}
         for kind, repeats in kinds.items():
+            if not repeats:
+                continue
             every = [value for repeat in repeats for value in repeat]
             stores[label][kind] = {
                 **summary(every),

@@ -43,7 +43,7 @@ TTL = 6.0
 SETTLE, WINDOW = 3.0, 9.0
 PG_CONNECTIONS = 100
 #: Threads beyond which the holder stops taking leases (see scale_holder.py).
-THREAD_CAP = 5000
+THREAD_CAP = 2500
 ACQUIRE_FOR = 90.0
 
 

@@ -1,6 +1,6 @@
 """The process of the ``scale`` part of ``bench/report.py``: it holds N leases at once.
 
-    python bench/scale_holder.py N --ttl 6 --hold 12 [--thread-cap 5000] [--acquire-for 90]
+    python bench/scale_holder.py N --ttl 6 --hold 12 [--thread-cap 2500] [--acquire-for 90]
         [--prefix scale]
 
 One ``contextlib.ExitStack`` of ``django_leader.lock(f"{prefix}-{i}", ttl=TTL)``, i < N, in
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("n", type=int)
     parser.add_argument("--ttl", type=float, default=6.0)
     parser.add_argument("--hold", type=float, default=12.0)
-    parser.add_argument("--thread-cap", type=int, default=5000)
+    parser.add_argument("--thread-cap", type=int, default=2500)
     parser.add_argument("--acquire-for", type=float, default=90.0)
     parser.add_argument("--prefix", default="scale")
     args = parser.parse_args()
