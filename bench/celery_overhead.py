@@ -58,12 +58,15 @@ def line(label: str, plain: list[float], single: list[float]) -> str:
     )
 
 
-def timed(call: Any, n: int) -> list[float]:
-    samples = []
+def interleaved(calls: dict[str, Any], n: int) -> dict[str, list[float]]:
+    """``n`` timed calls of each, taken in turn (one of each, then again), so that a change
+    of the machine's load during the run weighs on each alike."""
+    samples: dict[str, list[float]] = {label: [] for label in calls}
     for _ in range(n):
-        started = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - started)
+        for label, call in calls.items():
+            started = time.perf_counter()
+            call()
+            samples[label].append(time.perf_counter() - started)
     return samples
 
 
@@ -73,9 +76,11 @@ def in_process(n: int) -> tuple[list[float], list[float]]:
     for task in (plain_noop, singleton_noop):  # warm up (connections, imports)
         for _ in range(20):
             task.apply().get()
-    plain = timed(lambda: plain_noop.apply().get(), n)
-    single = timed(lambda: singleton_noop.apply().get(), n)
-    return plain, single
+    found = interleaved(
+        {"plain": lambda: plain_noop.apply().get(), "single": lambda: singleton_noop.apply().get()},
+        n,
+    )
+    return found["plain"], found["single"]
 
 
 def through_worker(store: str, n: int, peer: bool = False) -> dict[str, list[float]]:
@@ -111,8 +116,9 @@ def through_worker(store: str, n: int, peer: bool = False) -> dict[str, list[flo
             for task in calls.values():
                 for _ in range(20):
                     call(task)
-            for label, task in calls.items():
-                found[label] = timed(lambda task=task: call(task), n)
+            found = interleaved(
+                {label: (lambda task=task: call(task)) for label, task in calls.items()}, n
+            )
         finally:
             procs.close()
     return found

@@ -152,7 +152,8 @@ def scale(data: dict[str, Any], path: Path) -> None:
         (axes[1], "connections", "connections to the store"),
         (axes[2], "requests_per_s", "store requests per second"),
     ):
-        ax.bar(xs, [r[key] or 0 for r in rows])
+        bars = ax.bar(xs, [r[key] or 0 for r in rows])
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
         ax.set_xticks(xs, labels, fontsize=7)
         ax.set_title(title)
         ax.set_yscale("symlog")

@@ -335,7 +335,9 @@ def celery_section(part: dict[str, Any]) -> str:
         "`task.apply()` (the Celery tracer, no broker: the lock's acquire, renewer and "
         "release alone). **Through a worker**: `apply_async().get()` one at a time through "
         "Redis (broker and results) and a prefork worker with one process: what a caller "
-        "sees. The overhead is the difference of the medians (and of the p99s).\n"
+        "sees. The calls of the tasks compared are taken in turn (one of each, then again), "
+        "so that a change of the machine's load weighs on each alike. The overhead is "
+        "the difference of the medians (and of the p99s).\n"
     )
     rows = []
     for store in ("redis", "postgresql"):
