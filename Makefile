@@ -9,14 +9,15 @@
 #   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
 #   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
 #                each in a venv of its own, where those interpreters exist
-#   make bench   the benchmarks of bench/ (default: elections, about 10 minutes); not in CI
+#   make bench   the benchmarks of bench/ against the peers, written to docs/benchmarks.md
+#                with plots (about 12 minutes, in .venv-bench); not in CI
 #
 # Variables: PYTHON (the interpreter that creates .venv, default python3),
 # PYTEST_ARGS (passed to pytest, e.g. PYTEST_ARGS="-k conformance -x"), TEST_WORKERS (make
 # test's parallel pytest processes, default 2; 0 for one), COVERAGE=1 (make test
 # with a branch-coverage report of django_leader/),
 # STORES, DURATION and SEED (make chaos: which stores, seconds of faults each, the seed),
-# BENCH and BENCH_ARGS (make bench: which bench/ scripts, and options for each).
+# BENCH and BENCH_ARGS (make bench: which parts of bench/report.py, and its options).
 
 PYTHON ?= python3
 PYTEST_ARGS ?=
@@ -42,7 +43,7 @@ help:
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
 	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
-	@echo "make bench      benchmarks (BENCH=\"elections ops failover ...\", BENCH_ARGS=\"--stores zookeeper\"...), ~10 min"
+	@echo "make bench      benchmarks and docs/benchmarks.md (BENCH=\"ops failover celery load scale\", BENCH_ARGS=...), ~12 min"
 	@echo "make clean      remove caches, build output and .demo/"
 	@echo "make distclean  clean, and remove .venv too"
 
@@ -146,18 +147,31 @@ compat-one:
 demo: venv
 	$(BIN)/python -m testproject.demo
 
-# The benchmarks in bench/ (docs/benchmarks.md), on this machine's services, one script
-# after the other: BENCH names them (default: elections, which measures celery-redbeat and
-# single-beat beside django-leader: they are installed into .venv for it), BENCH_ARGS
-# passes options to each. Not part of CI: the numbers need a machine at rest.
-BENCH ?= elections
+# The benchmarks (docs/benchmarks.md): bench/report.py runs its parts and writes the page
+# and its plots (docs/benchmarks/). BENCH names the parts (default: all of them, about 12
+# minutes; e.g. BENCH="ops scale": the other parts keep their last results), BENCH_ARGS
+# passes options (bench/report.py --help). It runs in .venv-bench, a virtualenv of its own
+# with this package (editable), the drivers and the peers it is measured against, from
+# PyPI; .venv stays as it is. Not part of CI: the numbers need a machine at rest.
+BENCH ?= all
 BENCH_ARGS ?=
-bench: venv
-	$(BIN)/python -m pip install --quiet celery-redbeat single-beat
-	@status=0; for script in $(BENCH); do \
-		echo "$(BIN)/python bench/$$script.py $(BENCH_ARGS)"; \
-		$(BIN)/python bench/$$script.py $(BENCH_ARGS) || status=1; \
-	done; exit $$status
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_DEPS := "psycopg[binary]>=3.1" "redis>=4.5" "django-redis>=5.4" "kazoo>=2.9" \
+	"celery[redis]>=5.3" "matplotlib>=3.7" pytest \
+	celery-redbeat single-beat python-redis-lock celery-singleton
+
+$(BENCH_STAMP): pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e . $(BENCH_DEPS)
+	@# MariaDB's driver is built from source (see venv above): without it, no MariaDB numbers.
+	$(BENCH_VENV)/bin/python -m pip install --quiet mysqlclient || \
+		echo "NOTE: mysqlclient not installed: the bench will leave MariaDB out"
+	@touch $@
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/report.py --parts "$(BENCH)" $(BENCH_ARGS)
 
 clean:
 	rm -rf .demo build dist docs/_build .pytest_cache .mypy_cache .ruff_cache *.egg-info \
@@ -165,4 +179,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) .venv-django42 .venv-django6
+	rm -rf $(VENV) .venv-django42 .venv-django6 $(BENCH_VENV)

@@ -1,4 +1,5 @@
-"""Django set-up shared by the benchmarks: the testproject's settings, real servers."""
+"""Django set-up shared by the benchmarks: the test project's settings with ``DEBUG = False``
+(``bench/settings.py``), real servers."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The settings of the bench and of every process it starts (DEBUG off).
+SETTINGS = "bench.settings"
 
 
 def setup() -> None:
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
     import django
 
     django.setup()

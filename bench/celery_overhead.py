@@ -19,6 +19,8 @@ are left out). Uses the ``django_leader`` databases, migrated first.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import os
 import statistics
 import sys
@@ -28,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _setup import ROOT, migrate, setup
+from _setup import ROOT, SETTINGS, migrate, setup
 
 STORES = {
     "redis": {
@@ -56,12 +58,15 @@ def line(label: str, plain: list[float], single: list[float]) -> str:
     )
 
 
-def timed(call: Any, n: int) -> list[float]:
-    samples = []
+def interleaved(calls: dict[str, Any], n: int) -> dict[str, list[float]]:
+    """``n`` timed calls of each, taken in turn (one of each, then again), so that a change
+    of the machine's load during the run weighs on each alike."""
+    samples: dict[str, list[float]] = {label: [] for label in calls}
     for _ in range(n):
-        started = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - started)
+        for label, call in calls.items():
+            started = time.perf_counter()
+            call()
+            samples[label].append(time.perf_counter() - started)
     return samples
 
 
@@ -71,30 +76,52 @@ def in_process(n: int) -> tuple[list[float], list[float]]:
     for task in (plain_noop, singleton_noop):  # warm up (connections, imports)
         for _ in range(20):
             task.apply().get()
-    plain = timed(lambda: plain_noop.apply().get(), n)
-    single = timed(lambda: singleton_noop.apply().get(), n)
-    return plain, single
+    found = interleaved(
+        {"plain": lambda: plain_noop.apply().get(), "single": lambda: singleton_noop.apply().get()},
+        n,
+    )
+    return found["plain"], found["single"]
 
 
-def through_worker(store: str, n: int) -> tuple[list[float], list[float]]:
+def through_worker(store: str, n: int, peer: bool = False) -> dict[str, list[float]]:
+    """``apply_async().get()`` one at a time through a worker: ``plain`` and ``singleton``
+    samples, and with ``peer`` (when celery-singleton is installed) ``celery-singleton``:
+    its no-op task (bench/peer_tasks.py), one lock per call (each call's own argument, so
+    that no call finds the lock of the one before, which the worker releases only after
+    the result is stored)."""
     from testproject.demoapp.tasks import plain_noop, singleton_noop
     from tests.celeryprocs import Processes
 
+    calls = {"plain": plain_noop, "singleton": singleton_noop}
+    if peer:
+        with contextlib.suppress(ImportError):
+            from bench.peer_tasks import celery_singleton_noop
+
+            calls["celery-singleton"] = celery_singleton_noop
     env = {**os.environ, "DJANGO_LEADER_LOG_LEVEL": "WARNING"}
     env.update({f"DJANGO_LEADER_{key}": value for key, value in STORES[store].items()})
     queue = f"bench-overhead-{uuid.uuid4().hex[:8]}"
+    found: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as directory:
         procs = Processes(Path(directory), env)
+        procs.env["DJANGO_SETTINGS_MODULE"] = SETTINGS  # DEBUG off
         try:
             procs.worker("worker", queue, concurrency=1)
-            for task in (plain_noop, singleton_noop):
+            counter = itertools.count()
+
+            def call(task: Any) -> None:
+                args = [next(counter)] if task is calls.get("celery-singleton") else []
+                task.apply_async(args=args, queue=queue).get(timeout=30)
+
+            for task in calls.values():
                 for _ in range(20):
-                    task.apply_async(queue=queue).get(timeout=30)
-            plain = timed(lambda: plain_noop.apply_async(queue=queue).get(timeout=30), n)
-            single = timed(lambda: singleton_noop.apply_async(queue=queue).get(timeout=30), n)
+                    call(task)
+            found = interleaved(
+                {label: (lambda task=task: call(task)) for label, task in calls.items()}, n
+            )
         finally:
             procs.close()
-    return plain, single
+    return found
 
 
 def main() -> None:
@@ -122,7 +149,8 @@ def main() -> None:
         print(f"{store}:")
         with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, **conf}):
             print(line("in process", *in_process(args.n)))
-        print(line("through a worker", *through_worker(store, args.roundtrips)))
+        worker = through_worker(store, args.roundtrips)
+        print(line("through a worker", worker["plain"], worker["singleton"]))
 
 
 if __name__ == "__main__":

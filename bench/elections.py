@@ -74,7 +74,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _setup import ROOT, migrate, setup
+from _setup import ROOT, SETTINGS, migrate, setup
 
 CANDIDATE = str(Path(__file__).resolve().with_name("election_candidate.py"))
 ZOOKEEPER_BACKEND = "django_leader.backends.zookeeper.ZooKeeperBackend"
@@ -866,7 +866,12 @@ class Peer:
     gaps: list[float]
 
 
-def peer_series(log: Log, tool: str, trials: int, broker: str) -> Peer:
+def peer_series(
+    log: Log, tool: str, trials: int, broker: str, sig: signal.Signals = signal.SIGTERM
+) -> Peer:
+    """``trials`` handovers among three processes of ``tool``: ``sig`` to the lock holder
+    (SIGTERM: to its main process, as ``docker stop`` does; SIGKILL: to its whole process
+    group, as when a host dies), then the time to the next one's "acquired" line."""
     run = uuid.uuid4().hex[:8]
     celery = str(Path(sys.executable).with_name("celery"))
     if tool == "celery-redbeat":
@@ -932,11 +937,15 @@ def peer_series(log: Log, tool: str, trials: int, broker: str) -> Peer:
 
             log.until(steady, 90, f"{tool}: one holder and two processes waiting")
             # Past their start-up, the others wait for the lock (poll it).
-            time.sleep(SETTLE + random.uniform(0, JITTER))
+            time.sleep(SETTLE + random.uniform(0, JITTER if sig == signal.SIGTERM else RENEW))
             victim = next(p for p in running if states.get(p.pid) == "leader")
             mark = log.mark()
             signalled = clock()
-            victim.signal(signal.SIGTERM)
+            if sig == signal.SIGKILL:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(victim.pid, signal.SIGKILL)
+            else:
+                victim.signal(sig)
             found = log.wait(
                 lambda pid, r, words, old=victim.pid: pid != old and elected in " ".join(words),
                 mark,
@@ -960,7 +969,7 @@ def base_env() -> dict[str, str]:
     return {
         **os.environ,
         "DJANGO_LEADER_LOG_LEVEL": "WARNING",
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
         "PYTHONPATH": str(ROOT),
     }
 

@@ -116,7 +116,7 @@ def main() -> None:
     base = {
         "DJANGO_LEADER_LOG_LEVEL": "WARNING",
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
         "PYTHONPATH": str(ROOT),
     }
     stores = []
