@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import datetime
+from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["FENCE_FLOOR", "DatabaseBackend", "migration_state"]
 
 logger = logging.getLogger("django_leader")
+
+#: Leases renewed by one statement of :meth:`DatabaseBackend.renew_many` on MySQL/MariaDB
+#: and SQLite (PostgreSQL renews any number in one).
+BATCH = 1000
 
 _COLUMNS = (
     "name",
@@ -311,6 +315,148 @@ class DatabaseBackend(Backend):
         params = [d.ttl_param(ttl), lease.name, lease.holder, lease.token]
         with self._cursor(atomic=not d.returning) as cursor:
             return self._update(cursor, sql, params, lease.name)
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """:meth:`renew` each of ``leases`` in one statement (PostgreSQL, any count) or one
+        per :data:`BATCH` leases (MySQL/MariaDB: one transaction of a locking ``SELECT``
+        and an ``UPDATE``; SQLite: ``UPDATE ... RETURNING``), under the same conditions as
+        :meth:`renew`, decided by the server's clock.
+
+        A row locked by a transaction (a holder's :meth:`fenced`) is passed over at first
+        (``SKIP LOCKED``, where the database has it), so the others are renewed at once;
+        the ones passed over are renewed afterwards by a statement that waits for them."""
+        if not leases:
+            return []
+        keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
+        found: dict[tuple[str, str, int], Sequence[Any]] = {}
+        with self._cursor(atomic=False) as cursor:
+            size = BATCH if self.vendor != "sqlite" else self._sqlite_batch(cursor)
+            chunks = [keys] if self.vendor == "postgresql" else _chunks(keys, size)
+            skipped: list[tuple[str, str, int]] = []
+            for chunk in chunks:
+                skipped += self._renew_chunk(cursor, chunk, ttl, found, skip_locked=True)
+            for chunk in [skipped] if self.vendor == "postgresql" else _chunks(skipped, size):
+                self._renew_chunk(cursor, chunk, ttl, found, skip_locked=False)
+        return [
+            self._row(found.get((lease.name, lease.holder, lease.token))) for lease in leases
+        ]
+
+    def _sqlite_batch(self, cursor: Any) -> int:
+        # Four parameters a lease, one for the ttl, under SQLite's limit.
+        return max(1, min(BATCH, (cursor.db.features.max_query_params - 1) // 4))
+
+    def _renew_chunk(
+        self,
+        cursor: Any,
+        keys: list[tuple[str, str, int]],
+        ttl: float,
+        found: dict[tuple[str, str, int], Sequence[Any]],
+        *,
+        skip_locked: bool,
+    ) -> list[tuple[str, str, int]]:
+        """Renew the leases ``keys`` (name, holder, token) in one statement (one
+        transaction on MySQL/MariaDB), adding each renewed row to ``found``. Returns the
+        keys passed over because their row was locked (``skip_locked`` only); without
+        ``skip_locked``, waits for such rows."""
+        if not keys:
+            return []
+        d = self.dialect
+        names = [key[0] for key in keys]
+        if self.vendor == "postgresql":
+            # Locked first (FOR NO KEY UPDATE, as an UPDATE locks), then updated: the lock
+            # re-checks the condition on the row's newest version, so the UPDATE that
+            # follows in the same statement changes only rows that meet it.
+            lock = "FOR NO KEY UPDATE OF l SKIP LOCKED" if skip_locked else ""
+            sql = (
+                "WITH b (b_name, b_holder, b_token) AS (SELECT * FROM "
+                "unnest(%s::text[], %s::text[], %s::bigint[])), "
+                "mine AS MATERIALIZED (SELECT l.name AS m_name, l.holder AS m_holder, "
+                f"l.token AS m_token FROM {self._table} l JOIN b "
+                "ON l.name = b.b_name AND l.holder = b.b_holder AND l.token = b.b_token "
+                f"WHERE l.expires_at > {d.now()} {lock}) "
+                f"UPDATE {self._table} SET renewed_at = {d.now()}, expires_at = {d.expiry()} "
+                "FROM mine WHERE name = m_name AND holder = m_holder AND token = m_token "
+                f"AND expires_at > {d.now()} RETURNING {self._select}"
+            )
+            holders = [key[1] for key in keys]
+            tokens = [key[2] for key in keys]
+            cursor.execute(sql, [names, holders, tokens, d.ttl_param(ttl)])
+            rows = cursor.fetchall()
+        elif self.vendor == "sqlite":
+            # No row locks (a write locks the whole database): nothing to pass over.
+            sql = (
+                f"UPDATE {self._table} SET renewed_at = {d.now()}, expires_at = {d.expiry()} "
+                f"WHERE name IN ({', '.join(['%s'] * len(keys))}) "
+                f"AND (name, holder, token) IN (VALUES {', '.join(['(%s, %s, %s)'] * len(keys))}) "
+                f"AND expires_at > {d.now()} RETURNING {self._select}"
+            )
+            cursor.execute(sql, [d.ttl_param(ttl), *names, *(v for key in keys for v in key)])
+            rows = cursor.fetchall()  # drain: SQLite completes the statement only then
+        else:
+            rows = self._renew_chunk_mysql(cursor, keys, ttl, skip_locked)
+        for row in rows:
+            found[(row[0], row[1], int(row[3]))] = row
+        if not skip_locked or len(rows) == len(keys) or not self._skips_locked(cursor):
+            return []
+        # Which of the others still meet the condition: those whose row was locked.
+        missing = [key for key in keys if key not in found]
+        if self.vendor == "postgresql":
+            among, params = "= ANY(%s::text[])", [[key[0] for key in missing]]
+        else:
+            among, params = f"IN ({', '.join(['%s'] * len(missing))})", [k[0] for k in missing]
+        cursor.execute(
+            f"SELECT name, holder, token FROM {self._table} "
+            f"WHERE name {among} AND expires_at > {d.now()}",
+            params,
+        )
+        current = {(name, holder, int(token)) for name, holder, token in cursor.fetchall()}
+        return [key for key in missing if key in current]
+
+    def _skips_locked(self, cursor: Any) -> bool:
+        return self.vendor != "sqlite" and bool(
+            cursor.db.features.has_select_for_update_skip_locked
+        )
+
+    def _renew_chunk_mysql(
+        self, cursor: Any, keys: list[tuple[str, str, int]], ttl: float, skip_locked: bool
+    ) -> list[Sequence[Any]]:
+        """MySQL/MariaDB have no ``UPDATE ... RETURNING``: lock the rows that meet the
+        condition (by the server's clock, read in the same statement), then set them from
+        that reading, in one transaction."""
+        d = self.dialect
+        lock = "FOR UPDATE"
+        if skip_locked and self._skips_locked(cursor):
+            lock += " SKIP LOCKED"
+        wrapper = cursor.db
+        wrapper.set_autocommit(False)
+        try:
+            cursor.execute(
+                f"SELECT {self._select}, {d.now()} FROM {self._table} "
+                f"WHERE name IN ({', '.join(['%s'] * len(keys))}) "
+                f"AND (name, holder, token) IN ({', '.join(['(%s, %s, %s)'] * len(keys))}) "
+                f"AND expires_at > {d.now()} {lock}",
+                [*(key[0] for key in keys), *(v for key in keys for v in key)],
+            )
+            locked = cursor.fetchall()
+            rows: list[Sequence[Any]] = []
+            if locked:
+                now = locked[0][-1]
+                expires = now + timedelta(microseconds=d.ttl_param(ttl))
+                cursor.execute(
+                    f"UPDATE {self._table} SET renewed_at = %s, expires_at = %s "
+                    f"WHERE name IN ({', '.join(['%s'] * len(locked))})",
+                    [now, expires, *(row[0] for row in locked)],
+                )
+                rows = [(*row[:6], now, expires, row[8]) for row in locked]
+            wrapper.commit()
+        except BaseException:
+            with suppress(DjangoDBError):
+                wrapper.rollback()
+            raise
+        finally:
+            if wrapper.connection is not None:
+                wrapper.set_autocommit(True)
+        return rows
 
     def release(self, lease: Lease) -> bool:
         sql = (
@@ -600,3 +746,7 @@ class DatabaseBackend(Backend):
             return
         with fenced_transaction(self.alias, self.dialect, self._table, lease):
             yield
+
+
+def _chunks(keys: list[Any], size: int) -> list[list[Any]]:
+    return [keys[start : start + size] for start in range(0, len(keys), size)]
