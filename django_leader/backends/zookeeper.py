@@ -53,7 +53,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -333,8 +333,9 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         if hub is not None:
             hub.state_changed(state)
 
-    def _wait(self, result: Any) -> Any:
-        """The outcome of a kazoo async call within the call bound."""
+    def _wait(self, result: Any, deadline: float | None = None) -> Any:
+        """The outcome of a kazoo async call within the call bound (or by ``deadline``, a
+        ``time.monotonic()`` time, for the calls of a batch sent together)."""
         from kazoo.exceptions import (
             ConnectionClosedError,
             ConnectionLoss,
@@ -343,8 +344,9 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         )
         from kazoo.handlers.threading import KazooTimeoutError
 
+        timeout = self.timeout if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return result.get(timeout=self.timeout)
+            return result.get(timeout=timeout)
         except KazooTimeoutError as exc:
             raise BackendUnavailable(
                 f"zookeeper {self.conf.hosts!r}: no answer within {self.timeout:g}s"
@@ -361,11 +363,13 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         """``(data, stat)`` of ``path``, or None if it does not exist."""
         return self._read_result(client.get_async(path))
 
-    def _read_result(self, result: Any) -> tuple[dict[str, Any], Any] | None:
+    def _read_result(
+        self, result: Any, deadline: float | None = None
+    ) -> tuple[dict[str, Any], Any] | None:
         from kazoo.exceptions import NoNodeError
 
         try:
-            raw, stat = self._wait(result)
+            raw, stat = self._wait(result, deadline)
         except NoNodeError:
             return None
         return (json.loads(raw) if raw else {}), stat
@@ -644,7 +648,16 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         known = self._versions.get(key)
         if known is not None and not fresh:
             return known, {}
-        record_found, found = self._record_and_lease(client, lease.name)
+        return self._held_as_read(lease, *self._record_and_lease(client, lease.name))
+
+    def _held_as_read(
+        self,
+        lease: Lease,
+        record_found: tuple[dict[str, Any], Any] | None,
+        found: tuple[dict[str, Any], Any] | None,
+    ) -> tuple[_Held, dict[str, Any]] | None:
+        """:meth:`_held` from the name's record and lease znode as read."""
+        key = (lease.name, lease.holder, lease.token)
         if found is None or record_found is None:
             return None
         data, stat = found
@@ -668,63 +681,158 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         return held, record_found[0]
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
+        return self.renew_many([lease], ttl)[0]
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """:meth:`renew` each of ``leases``, pipelined: every read, every clock reading and
+        every conditional write of the batch is sent before any answer is waited for, so a
+        batch costs the round trips of one renewal (one, once the lease znodes' versions
+        are known), not one per lease. Each lease's write is conditional on its own
+        record's and lease znode's versions, as a single renewal's is."""
+        if not leases:
+            return []
+        client = self.client
+        wanted = {(lease.name, lease.holder, lease.token): lease for lease in leases}
+        answers: dict[tuple[str, str, int], Any] = {}
+        pending = list(wanted)
+        for attempt in range(2):
+            # What we know of each lease znode; read (all at once) what we do not, and on
+            # the second attempt everything (a write found the versions changed).
+            deadline = time.monotonic() + self.timeout
+            reads = {
+                key: self._record_and_lease_async(client, key[0])
+                for key in pending
+                if attempt or key not in self._versions
+            }
+            held: dict[tuple[str, str, int], _Held] = {}
+            for key in pending:
+                if key in reads:
+                    record_result, lease_result = reads[key]
+                    found = self._held_as_read(
+                        wanted[key],
+                        self._read_result(record_result, deadline),
+                        self._read_result(lease_result, deadline),
+                    )
+                    known = found[0] if found is not None else None
+                else:
+                    known = self._versions[key]
+                if known is None:
+                    self._versions.pop(key, None)
+                    answers[key] = None
+                    continue
+                # An ephemeral lease is never longer than its session (whose end frees
+                # it); -1: another session's, whose timeout we do not know.
+                limit = known.ttl if known.granted < 0 else known.granted
+                if limit and _ms(ttl) > limit:
+                    raise NotSupportedError(
+                        f"cannot renew {key[0]!r} for {ttl:g}s: the session that holds it "
+                        f"ends {limit / 1000:g}s after its holder's last message, and its "
+                        "end frees the lease"
+                    )
+                held[key] = known
+            self._drop_expired(held, answers)
+            pending = self._renew_held(client, wanted, held, ttl, answers)
+            if not pending:
+                break
+        for key in pending:  # conflicting twice: another grant, or a hand-over request
+            answers[key] = None
+        renewed: list[Lease | None] = []
+        for lease in leases:
+            answer = answers[(lease.name, lease.holder, lease.token)]
+            if answer is None:
+                renewed.append(None)
+                continue
+            data, stat, record = answer
+            one = self._lease(lease.name, data, stat, record)
+            one.handover_to = _handover_to(record, stat.mtime)
+            renewed.append(one)
+        return renewed
+
+    def _record_and_lease_async(self, client: Any, name: str) -> tuple[Any, Any]:
+        """:meth:`_record_and_lease` sent, not waited for."""
+        return client.get_async(self._name_path(name)), client.get_async(self._lease_path(name))
+
+    def _drop_expired(
+        self, held: dict[tuple[str, str, int], _Held], answers: dict[tuple[str, str, int], Any]
+    ) -> None:
+        """Refuse the leases of ``held`` whose term has passed by the ensemble's clock, as
+        far as a clock estimate tells (without one, the write's ``mtime`` will): those the
+        estimate is not sure of are decided by one reading of the clock for all."""
+        estimate = self._estimate_ms()
+        if estimate is None:
+            return
+        unsure = [
+            key
+            for key, known in held.items()
+            if estimate + ESTIMATE_SLACK * 1000 >= known.mtime + known.ttl
+        ]
+        if not unsure:
+            return
+        now = self._now_ms()
+        for key in unsure:
+            known = held[key]
+            if now >= known.mtime + known.ttl:
+                del held[key]
+                self._versions.pop(key, None)
+                answers[key] = None
+
+    def _renew_held(
+        self,
+        client: Any,
+        wanted: dict[tuple[str, str, int], Lease],
+        held: dict[tuple[str, str, int], _Held],
+        ttl: float,
+        answers: dict[tuple[str, str, int], Any],
+    ) -> list[tuple[str, str, int]]:
+        """Write every lease znode of ``held``, each conditional on its versions, all sent
+        before the first answer is waited for. Puts ``(data, stat, record)`` of each
+        renewed lease (None if refused) in ``answers``; returns the leases to look at again
+        (their versions changed: another grant, or a hand-over request)."""
         from kazoo.exceptions import BadVersionError, NoNodeError
 
-        client = self.client
-        key = (lease.name, lease.holder, lease.token)
-        lease_path, record_path = self._lease_path(lease.name), self._name_path(lease.name)
-        for attempt in range(2):
-            found = self._held(client, lease, fresh=bool(attempt))
-            if found is None:
-                self._versions.pop(key, None)
-                return None
-            held = found[0]
-            # An ephemeral lease is never longer than its session (whose end frees it);
-            # -1: another session's, whose timeout we do not know (no longer than before).
-            limit = held.ttl if held.granted < 0 else held.granted
-            if limit and _ms(ttl) > limit:
-                raise NotSupportedError(
-                    f"cannot renew {lease.name!r} for {ttl:g}s: the session that holds it "
-                    f"ends {limit / 1000:g}s after its holder's last message, and its end "
-                    "frees the lease"
-                )
-            if self._estimate_ms() is not None and self._passed(held.mtime + held.ttl)[0]:
-                self._versions.pop(key, None)
-                return None
-            data = {"holder": lease.holder, "token": lease.token, "ttl": _ms(ttl)}
+        sent = {}
+        for key, known in held.items():
+            name, holder, token = key
+            record_path = self._name_path(name)
+            data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
             transaction = client.transaction()
-            transaction.check(record_path, held.record_version)
-            transaction.set_data(lease_path, json.dumps(data).encode(), version=held.version)
-            pending = transaction.commit_async()
-            record_result = client.get_async(record_path)  # for a hand-over request
-            results = self._wait(pending)
+            transaction.check(record_path, known.record_version)
+            transaction.set_data(
+                self._lease_path(name), json.dumps(data).encode(), version=known.version
+            )
+            # The record too, for a hand-over request.
+            sent[key] = (data, transaction.commit_async(), client.get_async(record_path))
+        again = []
+        deadline = time.monotonic() + self.timeout
+        for key, (data, pending, record_result) in sent.items():
+            name = key[0]
+            known = held[key]
+            results = self._wait(pending, deadline)
             failed = _failure(results)
             if failed is not None:
                 if not isinstance(failed[1], BadVersionError | NoNodeError):
-                    raise BackendUnavailable(f"zookeeper: renewal of {lease.name!r}: {failed[1]!r}")
-                # Another grant, or a hand-over request changed the record: look again.
+                    raise BackendUnavailable(f"zookeeper: renewal of {name!r}: {failed[1]!r}")
                 self._versions.pop(key, None)
+                again.append(key)
                 continue
             stat = results[1]
             self._seen(stat.mtime)
-            if stat.mtime >= held.mtime + held.ttl:
+            if stat.mtime >= known.mtime + known.ttl:
                 # It had expired before this renewal reached the ensemble: not renewed, and
                 # the znode we just wrote goes (nobody else has taken the name: the record
                 # has not changed).
                 self._versions.pop(key, None)
                 cleanup = client.transaction()
-                cleanup.check(record_path, held.record_version)
-                cleanup.delete(lease_path, version=stat.version)
+                cleanup.check(self._name_path(name), known.record_version)
+                cleanup.delete(self._lease_path(name), version=stat.version)
                 cleanup.commit_async().rawlink(lambda _: None)
-                return None
-            held.version, held.mtime, held.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
-            self._versions[key] = held
-            record_found = self._read_result(record_result)
-            record = record_found[0] if record_found else {}
-            renewed = self._lease(lease.name, data, stat, record)
-            renewed.handover_to = _handover_to(record, stat.mtime)
-            return renewed
-        return None
+                answers[key] = None
+                continue
+            known.version, known.mtime, known.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
+            self._versions[key] = known
+            record_found = self._read_result(record_result, deadline)
+            answers[key] = (data, stat, record_found[0] if record_found else {})
+        return again
 
     def release(self, lease: Lease) -> bool:
         from kazoo.exceptions import BadVersionError, NoNodeError
