@@ -330,9 +330,7 @@ class DatabaseBackend(Backend):
             )
             cursor.execute(insert, [name, holder, *seed_params, ttl_param])
             if cursor.rowcount == 1:
-                cursor.execute(
-                    f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name]
-                )
+                cursor.execute(f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name])
                 lease = self._row(cursor.fetchone())
         if lease is None:
             cursor.execute(
@@ -381,9 +379,7 @@ class DatabaseBackend(Backend):
                 skipped += self._renew_chunk(cursor, chunk, ttl, found, skip_locked=True)
             for chunk in [skipped] if self.vendor == "postgresql" else _chunks(skipped, size):
                 self._renew_chunk(cursor, chunk, ttl, found, skip_locked=False)
-        return [
-            self._row(found.get((lease.name, lease.holder, lease.token))) for lease in leases
-        ]
+        return [self._row(found.get((lease.name, lease.holder, lease.token))) for lease in leases]
 
     def _sqlite_batch(self, cursor: Any) -> int:
         # Four parameters a lease, one for the ttl, under SQLite's limit.
@@ -444,10 +440,11 @@ class DatabaseBackend(Backend):
             return []
         # Which of the others still meet the condition: those whose row was locked.
         missing = [key for key in keys if key not in found]
-        if self.vendor == "postgresql":
-            among, params = "= ANY(%s::text[])", [[key[0] for key in missing]]
-        else:
-            among, params = f"IN ({', '.join(['%s'] * len(missing))})", [k[0] for k in missing]
+        missing_names = [key[0] for key in missing]
+        params: list[Any] = [missing_names]
+        among = "= ANY(%s::text[])"
+        if self.vendor != "postgresql":
+            among, params = f"IN ({', '.join(['%s'] * len(missing))})", list(missing_names)
         cursor.execute(
             f"SELECT name, holder, token FROM {self._table} "
             f"WHERE name {among} AND expires_at > {d.now()}",
