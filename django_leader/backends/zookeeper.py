@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -96,6 +96,9 @@ HANDSHAKE_TIMEOUT = 2.0
 HANDSHAKES_REFUSED = 1
 #: How long a clock estimate is trusted before the clock znode is written again.
 ESTIMATE_AGE = 30.0
+#: Leases renewed by one ``multi`` of :meth:`ZooKeeperBackend.renew_many` (two operations
+#: each, well under the ensemble's request size limit, ``jute.maxbuffer``).
+BATCH = 500
 
 
 @dataclass
@@ -114,6 +117,9 @@ class _Held:
     #: the record, so a write conditional on this version cannot land on a lease znode made
     #: by a later grant (whose version restarts at 0 and may equal ours).
     record_version: int
+    #: The record's content at that version (its hand-over request, its transitions): a
+    #: renewal conditional on the version needs not read it again.
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def _time(ms: int | float) -> datetime:
@@ -590,6 +596,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             ttl=_ms(ttl),
             granted=_granted_ms(session) if ephemeral else 0,
             record_version=int(stat.version),
+            record=new_record,
         )
         lease = Lease(
             name=name,
@@ -676,6 +683,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             ttl=int(data["ttl"]),
             granted=owner,
             record_version=int(record_found[1].version),
+            record=record_found[0],
         )
         self._versions[key] = held
         return held, record_found[0]
@@ -731,7 +739,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
                     )
                 held[key] = known
             self._drop_expired(held, answers)
-            pending = self._renew_held(client, wanted, held, ttl, answers)
+            pending = self._renew_held(client, held, ttl, answers)
             if not pending:
                 break
         for key in pending:  # conflicting twice: another grant, or a hand-over request
@@ -779,60 +787,85 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
     def _renew_held(
         self,
         client: Any,
-        wanted: dict[tuple[str, str, int], Lease],
         held: dict[tuple[str, str, int], _Held],
         ttl: float,
         answers: dict[tuple[str, str, int], Any],
     ) -> list[tuple[str, str, int]]:
-        """Write every lease znode of ``held``, each conditional on its versions, all sent
-        before the first answer is waited for. Puts ``(data, stat, record)`` of each
-        renewed lease (None if refused) in ``answers``; returns the leases to look at again
-        (their versions changed: another grant, or a hand-over request)."""
+        """Write every lease znode of ``held``, each write conditional on the lease's own
+        record and znode versions: one ``multi`` per :data:`BATCH` leases, all sent before
+        the first answer is waited for. A ``multi`` is all or nothing, so one that a lease
+        made fail is sent again without it, one ``multi`` per lease: one lease refused
+        never costs the others theirs. Puts ``(data, stat, record)`` of each renewed lease
+        (None if refused) in ``answers``; returns the leases to look at again (their
+        versions changed: another grant, or a hand-over request)."""
         from kazoo.exceptions import BadVersionError, NoNodeError
 
-        sent = {}
-        for key, known in held.items():
-            name, holder, token = key
-            record_path = self._name_path(name)
-            data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
-            transaction = client.transaction()
-            transaction.check(record_path, known.record_version)
-            transaction.set_data(
-                self._lease_path(name), json.dumps(data).encode(), version=known.version
-            )
-            # The record too, for a hand-over request.
-            sent[key] = (data, transaction.commit_async(), client.get_async(record_path))
+        keys = list(held)
+        groups = [keys[start : start + BATCH] for start in range(0, len(keys), BATCH)]
         again = []
         deadline = time.monotonic() + self.timeout
-        for key, (data, pending, record_result) in sent.items():
-            name = key[0]
-            known = held[key]
-            results = self._wait(pending, deadline)
-            failed = _failure(results)
-            if failed is not None:
+        while groups:
+            sent = []
+            for group in groups:
+                transaction = client.transaction()
+                for name, holder, token in group:
+                    transaction.check(
+                        self._name_path(name), held[(name, holder, token)].record_version
+                    )
+                    data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
+                    transaction.set_data(
+                        self._lease_path(name),
+                        json.dumps(data).encode(),
+                        version=held[(name, holder, token)].version,
+                    )
+                sent.append((group, transaction.commit_async()))
+            groups = []
+            for group, pending in sent:
+                results = self._wait(pending, deadline)
+                failed = _failure(results)
+                if failed is None:
+                    for index, key in enumerate(group):
+                        self._renewed(client, key, held[key], results[2 * index + 1], ttl, answers)
+                    continue
                 if not isinstance(failed[1], BadVersionError | NoNodeError):
-                    raise BackendUnavailable(f"zookeeper: renewal of {name!r}: {failed[1]!r}")
-                self._versions.pop(key, None)
-                again.append(key)
-                continue
-            stat = results[1]
-            self._seen(stat.mtime)
-            if stat.mtime >= known.mtime + known.ttl:
-                # It had expired before this renewal reached the ensemble: not renewed, and
-                # the znode we just wrote goes (nobody else has taken the name: the record
-                # has not changed).
-                self._versions.pop(key, None)
-                cleanup = client.transaction()
-                cleanup.check(self._name_path(name), known.record_version)
-                cleanup.delete(self._lease_path(name), version=stat.version)
-                cleanup.commit_async().rawlink(lambda _: None)
-                answers[key] = None
-                continue
-            known.version, known.mtime, known.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
-            self._versions[key] = known
-            record_found = self._read_result(record_result, deadline)
-            answers[key] = (data, stat, record_found[0] if record_found else {})
+                    raise BackendUnavailable(
+                        f"zookeeper: renewal of {group[failed[0] // 2][0]!r}: {failed[1]!r}"
+                    )
+                culprit = group[failed[0] // 2]
+                self._versions.pop(culprit, None)
+                again.append(culprit)
+                groups += [[key] for key in group if key != culprit]
         return again
+
+    def _renewed(
+        self,
+        client: Any,
+        key: tuple[str, str, int],
+        known: _Held,
+        stat: Any,
+        ttl: float,
+        answers: dict[tuple[str, str, int], Any],
+    ) -> None:
+        """A lease znode written by a renewal: renewed, unless its term had passed first."""
+        name, holder, token = key
+        self._seen(stat.mtime)
+        if stat.mtime >= known.mtime + known.ttl:
+            # It had expired before this renewal reached the ensemble: not renewed, and the
+            # znode we just wrote goes (nobody else has taken the name: the record has not
+            # changed).
+            self._versions.pop(key, None)
+            cleanup = client.transaction()
+            cleanup.check(self._name_path(name), known.record_version)
+            cleanup.delete(self._lease_path(name), version=stat.version)
+            cleanup.commit_async().rawlink(lambda _: None)
+            answers[key] = None
+            return
+        known.version, known.mtime, known.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
+        self._versions[key] = known
+        # The record is as we know it (the write was conditional on its version): its
+        # hand-over request, if any, needs no reading.
+        data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
+        answers[key] = (data, stat, known.record)
 
     def release(self, lease: Lease) -> bool:
         from kazoo.exceptions import BadVersionError, NoNodeError
