@@ -360,9 +360,10 @@ class DatabaseBackend(Backend):
 
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         """:meth:`renew` each of ``leases`` in one statement (PostgreSQL, any count) or one
-        per :data:`BATCH` leases (MySQL/MariaDB: one transaction of a locking ``SELECT``
-        and an ``UPDATE``; SQLite: ``UPDATE ... RETURNING``), under the same conditions as
-        :meth:`renew`, decided by the server's clock.
+        per ``BATCH`` (1,000) leases (MySQL/MariaDB: one transaction of a locking
+        ``SELECT`` and an ``UPDATE``; SQLite: ``UPDATE ... RETURNING``, fewer under its
+        parameter limit), under the same conditions as :meth:`renew`, decided by the
+        server's clock.
 
         A row locked by a transaction (a holder's :meth:`fenced`) is passed over at first
         (``SKIP LOCKED``, where the database has it), so the others are renewed at once;

@@ -344,7 +344,7 @@ class RedisBackend(WrittenAfterwards, Backend):
         return renewed
 
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
-        """:meth:`renew` each of ``leases``: one script per :data:`BATCH` leases (each
+        """:meth:`renew` each of ``leases``: one script per ``BATCH`` (1,000) leases (each
         lease renewed or refused on its own, exactly as by ``renew``), all sent in one
         pipeline: one round trip for any count."""
         import redis

@@ -792,7 +792,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         answers: dict[tuple[str, str, int], Any],
     ) -> list[tuple[str, str, int]]:
         """Write every lease znode of ``held``, each write conditional on the lease's own
-        record and znode versions: one ``multi`` per :data:`BATCH` leases, all sent before
+        record and znode versions: one ``multi`` per ``BATCH`` (500) leases, all sent before
         the first answer is waited for. A ``multi`` is all or nothing, so one that a lease
         made fail is sent again without it, one ``multi`` per lease: one lease refused
         never costs the others theirs. Puts ``(data, stat, record)`` of each renewed lease
