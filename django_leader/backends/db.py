@@ -372,8 +372,12 @@ class DatabaseBackend(Backend):
             return []
         keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
         found: dict[tuple[str, str, int], Sequence[Any]] = {}
-        with self._cursor(atomic=False) as cursor:
-            size = BATCH if self.vendor != "sqlite" else self._sqlite_batch(cursor)
+        size = BATCH
+        if self.vendor == "sqlite":  # four parameters a lease, one for the ttl
+            limit = connections[self.alias].features.max_query_params
+            size = max(1, min(BATCH, (limit - 1) // 4))
+        # SQLite: several statements in one transaction (one write of the file).
+        with self._cursor(atomic=self.vendor == "sqlite" and len(keys) > size) as cursor:
             chunks = [keys] if self.vendor == "postgresql" else _chunks(keys, size)
             skipped: list[tuple[str, str, int]] = []
             for chunk in chunks:
@@ -381,10 +385,6 @@ class DatabaseBackend(Backend):
             for chunk in [skipped] if self.vendor == "postgresql" else _chunks(skipped, size):
                 self._renew_chunk(cursor, chunk, ttl, found, skip_locked=False)
         return [self._row(found.get((lease.name, lease.holder, lease.token))) for lease in leases]
-
-    def _sqlite_batch(self, cursor: Any) -> int:
-        # Four parameters a lease, one for the ttl, under SQLite's limit.
-        return max(1, min(BATCH, (cursor.db.features.max_query_params - 1) // 4))
 
     def _renew_chunk(
         self,
