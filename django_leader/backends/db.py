@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import datetime
+from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["FENCE_FLOOR", "DatabaseBackend", "migration_state"]
 
 logger = logging.getLogger("django_leader")
+
+#: Leases renewed by one statement of :meth:`DatabaseBackend.renew_many` on MySQL/MariaDB
+#: and SQLite (PostgreSQL renews any number in one).
+BATCH = 1000
 
 _COLUMNS = (
     "name",
@@ -207,99 +211,141 @@ class DatabaseBackend(Backend):
             f"WHERE name = %s AND expires_at <= {now} AND (handover_until IS NULL OR "
             f"handover_until <= {now} OR handover_to = %s)"
         )
+        params = [holder, ttl_param, name, holder]
+        # PostgreSQL: the acquisition and its history event in one statement, committed on
+        # its own (no BEGIN, no COMMIT); the others in one transaction.
+        single = self.vendor == "postgresql"
+        with self._cursor(atomic=not single) as cursor:
+            if single:
+                lease = self._acquire_with_event(cursor, update, params, name)
+            else:
+                lease = self._update(cursor, update, params, name)
+                if lease is not None and self.history:
+                    kind, detail = _acquired_event(lease)
+                    self._insert_event(cursor, kind, lease, detail=detail)
+            if lease is not None:
+                return lease, lease
+            refused = self._refused(cursor, name)
+            if refused is not None or not single:
+                return refused or self._create(cursor, name, holder, ttl)
+        # No row, on PostgreSQL: created in a transaction (with its history event).
         with self._cursor(atomic=True) as cursor:
-            lease = self._update(cursor, update, [holder, ttl_param, name, holder], name)
-            if lease is None:
-                # Refused: held (the common case, one more statement), gated, or no row.
-                cursor.execute(
-                    f"SELECT {self._select}, {now}, CASE WHEN holder <> '' AND "
-                    f"expires_at > {now} THEN 1 ELSE 0 END FROM {self._table} WHERE name = %s",
-                    [name],
+            return self._create(cursor, name, holder, ttl)
+
+    def _acquire_with_event(
+        self, cursor: Any, update: str, params: list[Any], name: str
+    ) -> Lease | None:
+        """PostgreSQL: ``update`` (an acquisition of ``name``) and, if it took the lease,
+        its history event, in one statement (a data-modifying ``WITH``)."""
+        if not self.history:
+            return self._update(cursor, update, params, name)
+        cursor.execute(
+            f"WITH acquired AS ({update} RETURNING {self._select}), "
+            f"event AS (INSERT INTO {self._events} "
+            "(name, kind, holder, token, previous_holder, at, detail, actor) "
+            "SELECT name, CASE WHEN previous_holder <> '' THEN %s ELSE %s END, holder, token, "
+            f"previous_holder, {self.dialect.now()}, CASE WHEN previous_holder <> '' THEN "
+            "left('lease of ' || previous_holder || ' had expired', 1000) ELSE '' END, '' "
+            "FROM acquired) SELECT * FROM acquired",
+            [*params, str(EventKind.TAKEN_OVER), str(EventKind.ACQUIRED)],
+        )
+        return self._row(cursor.fetchone())
+
+    def _refused(self, cursor: Any, name: str) -> tuple[None, Lease | None] | None:
+        """An acquisition of ``name`` refused: ``(None, current holder)``, or None if the
+        name has no row."""
+        now = self.dialect.now()
+        # Held (the common case, one more statement), gated, or no row.
+        cursor.execute(
+            f"SELECT {self._select}, {now}, CASE WHEN holder <> '' AND "
+            f"expires_at > {now} THEN 1 ELSE 0 END FROM {self._table} WHERE name = %s",
+            [name],
+        )
+        row = cursor.fetchone()
+        if row is not None:
+            if not row[-1]:
+                return None, None  # free yet refused: a term or a hand-over gate
+            current = self._row(row[:-2])
+            assert current is not None
+            current.read_at = aware(row[-2])
+            return None, current
+        return None
+
+    def _create(
+        self, cursor: Any, name: str, holder: str, ttl: float
+    ) -> tuple[Lease | None, Lease | None]:
+        """Acquire ``name``, which has no row: a new name, or a row deleted by hand."""
+        d = self.dialect
+        now, expiry, ttl_param = d.now(), d.expiry(), d.ttl_param(ttl)
+        lease: Lease | None = None
+        # (See "When the store forgets" in docs/safety.md.)
+        top, released = 0, False
+        if self.history:
+            cursor.execute(
+                f"SELECT token, kind FROM {self._events} WHERE name = %s "
+                "ORDER BY token DESC, id DESC LIMIT 1",
+                [name],
+            )
+            last = cursor.fetchone()
+            if last is not None:
+                # A term that ended in release() leaves nobody believing it leads.
+                top, released = int(last[0]), last[1] == EventKind.RELEASED
+        if top > 0 and not released:
+            # The history knows the name: its row was deleted, and its last holder
+            # may still believe it leads. Re-create the row held by nobody until
+            # the lock-delay is over; the token continues from the history.
+            delay = lock_delay(ttl)
+            insert = d.insert_ignore(
+                self._table,
+                ", ".join(_COLUMNS) + ", handover_to",
+                f"%s, '', '', %s, 0, {now}, {now}, {expiry}, ''",
+            )
+            cursor.execute(insert, [name, top, d.ttl_param(delay)])
+            if cursor.rowcount == 1:
+                logger.warning(
+                    "lease %r: its row was missing (deleted by hand?) although its "
+                    "history goes up to token %d; re-created held by nobody, no one "
+                    "may take it for the lock-delay of %.1fs (DJANGO_LEADER"
+                    "['LOCK_DELAY']), until any holder that still believes it leads "
+                    "has passed its deadline",
+                    name,
+                    top,
+                    delay,
+                    extra={"lease": name, "token": top},
                 )
-                row = cursor.fetchone()
-                if row is not None:
-                    if not row[-1]:
-                        return None, None  # free yet refused: a term or a hand-over gate
-                    current = self._row(row[:-2])
-                    assert current is not None
-                    current.read_at = aware(row[-2])
-                    return None, current
-                # No row: a new name, or a row deleted by hand (see "When the store
-                # forgets" in docs/safety.md).
-                top, released = 0, False
-                if self.history:
-                    cursor.execute(
-                        f"SELECT token, kind FROM {self._events} WHERE name = %s "
-                        "ORDER BY token DESC, id DESC LIMIT 1",
-                        [name],
-                    )
-                    last = cursor.fetchone()
-                    if last is not None:
-                        # A term that ended in release() leaves nobody believing it leads.
-                        top, released = int(last[0]), last[1] == EventKind.RELEASED
-                if top > 0 and not released:
-                    # The history knows the name: its row was deleted, and its last holder
-                    # may still believe it leads. Re-create the row held by nobody until
-                    # the lock-delay is over; the token continues from the history.
-                    delay = lock_delay(ttl)
-                    insert = d.insert_ignore(
-                        self._table,
-                        ", ".join(_COLUMNS) + ", handover_to",
-                        f"%s, '', '', %s, 0, {now}, {now}, {expiry}, ''",
-                    )
-                    cursor.execute(insert, [name, top, d.ttl_param(delay)])
-                    if cursor.rowcount == 1:
-                        logger.warning(
-                            "lease %r: its row was missing (deleted by hand?) although its "
-                            "history goes up to token %d; re-created held by nobody, no one "
-                            "may take it for the lock-delay of %.1fs (DJANGO_LEADER"
-                            "['LOCK_DELAY']), until any holder that still believes it leads "
-                            "has passed its deadline",
-                            name,
-                            top,
-                            delay,
-                            extra={"lease": name, "token": top},
-                        )
-                        return None, None
-                else:
-                    # A new name: token 1; a deleted row whose last term was released:
-                    # the next token after the history's; with HISTORY=False (nothing to
-                    # continue from, should the row ever be deleted) the server clock in
-                    # microseconds, which is past every token issued before.
-                    if self.history:
-                        seed, seed_params = "%s", [top + 1]
-                    else:
-                        seed, seed_params = d.clock_seed()
-                    insert = d.insert_ignore(
-                        self._table,
-                        ", ".join(_COLUMNS) + ", handover_to",
-                        f"%s, %s, '', {seed}, 1, {now}, {now}, {expiry}, ''",
-                    )
-                    cursor.execute(insert, [name, holder, *seed_params, ttl_param])
-                    if cursor.rowcount == 1:
-                        cursor.execute(
-                            f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name]
-                        )
-                        lease = self._row(cursor.fetchone())
-            if lease is None:
-                cursor.execute(
-                    f"SELECT {self._select}, {now} FROM {self._table} "
-                    f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
-                    [name],
-                )
-                row = cursor.fetchone()
-                current = self._row(row)
-                if current is not None:
-                    current.read_at = aware(row[-1])
-                return None, current
+                return None, None
+        else:
+            # A new name: token 1; a deleted row whose last term was released:
+            # the next token after the history's; with HISTORY=False (nothing to
+            # continue from, should the row ever be deleted) the server clock in
+            # microseconds, which is past every token issued before.
             if self.history:
-                taken_over = bool(lease.previous_holder)
-                self._insert_event(
-                    cursor,
-                    EventKind.TAKEN_OVER if taken_over else EventKind.ACQUIRED,
-                    lease,
-                    detail=f"lease of {lease.previous_holder} had expired" if taken_over else "",
-                )
+                seed, seed_params = "%s", [top + 1]
+            else:
+                seed, seed_params = d.clock_seed()
+            insert = d.insert_ignore(
+                self._table,
+                ", ".join(_COLUMNS) + ", handover_to",
+                f"%s, %s, '', {seed}, 1, {now}, {now}, {expiry}, ''",
+            )
+            cursor.execute(insert, [name, holder, *seed_params, ttl_param])
+            if cursor.rowcount == 1:
+                cursor.execute(f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name])
+                lease = self._row(cursor.fetchone())
+        if lease is None:
+            cursor.execute(
+                f"SELECT {self._select}, {now} FROM {self._table} "
+                f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
+                [name],
+            )
+            row = cursor.fetchone()
+            current = self._row(row)
+            if current is not None:
+                current.read_at = aware(row[-1])
+            return None, current
+        if self.history:
+            kind, detail = _acquired_event(lease)
+            self._insert_event(cursor, kind, lease, detail=detail)
         return lease, lease
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
@@ -312,21 +358,177 @@ class DatabaseBackend(Backend):
         with self._cursor(atomic=not d.returning) as cursor:
             return self._update(cursor, sql, params, lease.name)
 
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """:meth:`renew` each of ``leases`` in one statement (PostgreSQL, any count) or one
+        per ``BATCH`` (1,000) leases (MySQL/MariaDB: one transaction of a locking
+        ``SELECT`` and an ``UPDATE``; SQLite: ``UPDATE ... RETURNING``, fewer under its
+        parameter limit), under the same conditions as :meth:`renew`, decided by the
+        server's clock.
+
+        A row locked by a transaction (a holder's :meth:`fenced`) is passed over at first
+        (``SKIP LOCKED``, where the database has it), so the others are renewed at once;
+        the ones passed over are renewed afterwards by a statement that waits for them."""
+        if not leases:
+            return []
+        keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
+        found: dict[tuple[str, str, int], Sequence[Any]] = {}
+        size = BATCH
+        if self.vendor == "sqlite":  # four parameters a lease, one for the ttl
+            limit = connections[self.alias].features.max_query_params
+            size = max(1, min(BATCH, (limit - 1) // 4))
+        # SQLite: several statements in one transaction (one write of the file).
+        with self._cursor(atomic=self.vendor == "sqlite" and len(keys) > size) as cursor:
+            chunks = [keys] if self.vendor == "postgresql" else _chunks(keys, size)
+            skipped: list[tuple[str, str, int]] = []
+            for chunk in chunks:
+                skipped += self._renew_chunk(cursor, chunk, ttl, found, skip_locked=True)
+            for chunk in [skipped] if self.vendor == "postgresql" else _chunks(skipped, size):
+                self._renew_chunk(cursor, chunk, ttl, found, skip_locked=False)
+        return [self._row(found.get((lease.name, lease.holder, lease.token))) for lease in leases]
+
+    def _renew_chunk(
+        self,
+        cursor: Any,
+        keys: list[tuple[str, str, int]],
+        ttl: float,
+        found: dict[tuple[str, str, int], Sequence[Any]],
+        *,
+        skip_locked: bool,
+    ) -> list[tuple[str, str, int]]:
+        """Renew the leases ``keys`` (name, holder, token) in one statement (one
+        transaction on MySQL/MariaDB), adding each renewed row to ``found``. Returns the
+        keys passed over because their row was locked (``skip_locked`` only); without
+        ``skip_locked``, waits for such rows."""
+        if not keys:
+            return []
+        d = self.dialect
+        names = [key[0] for key in keys]
+        if self.vendor == "postgresql":
+            # Locked first (FOR NO KEY UPDATE, as an UPDATE locks), then updated: the lock
+            # re-checks the condition on the row's newest version, so the UPDATE that
+            # follows in the same statement changes only rows that meet it.
+            lock = "FOR NO KEY UPDATE OF l SKIP LOCKED" if skip_locked else ""
+            sql = (
+                "WITH b (b_name, b_holder, b_token) AS (SELECT * FROM "
+                "unnest(%s::text[], %s::text[], %s::bigint[])), "
+                "mine AS MATERIALIZED (SELECT l.name AS m_name, l.holder AS m_holder, "
+                f"l.token AS m_token FROM {self._table} l JOIN b "
+                "ON l.name = b.b_name AND l.holder = b.b_holder AND l.token = b.b_token "
+                f"WHERE l.expires_at > {d.now()} {lock}) "
+                f"UPDATE {self._table} SET renewed_at = {d.now()}, expires_at = {d.expiry()} "
+                "FROM mine WHERE name = m_name AND holder = m_holder AND token = m_token "
+                f"AND expires_at > {d.now()} RETURNING {self._select}"
+            )
+            holders = [key[1] for key in keys]
+            tokens = [key[2] for key in keys]
+            cursor.execute(sql, [names, holders, tokens, d.ttl_param(ttl)])
+            rows = cursor.fetchall()
+        elif self.vendor == "sqlite":
+            # No row locks (a write locks the whole database): nothing to pass over.
+            sql = (
+                f"UPDATE {self._table} SET renewed_at = {d.now()}, expires_at = {d.expiry()} "
+                f"WHERE name IN ({', '.join(['%s'] * len(keys))}) "
+                f"AND (name, holder, token) IN (VALUES {', '.join(['(%s, %s, %s)'] * len(keys))}) "
+                f"AND expires_at > {d.now()} RETURNING {self._select}"
+            )
+            cursor.execute(sql, [d.ttl_param(ttl), *names, *(v for key in keys for v in key)])
+            rows = cursor.fetchall()  # drain: SQLite completes the statement only then
+        else:
+            rows = self._renew_chunk_mysql(cursor, keys, ttl, skip_locked)
+        for row in rows:
+            found[(row[0], row[1], int(row[3]))] = row
+        if not skip_locked or len(rows) == len(keys) or not self._skips_locked(cursor):
+            return []
+        # Which of the others still meet the condition: those whose row was locked.
+        missing = [key for key in keys if key not in found]
+        missing_names = [key[0] for key in missing]
+        params: list[Any] = [missing_names]
+        among = "= ANY(%s::text[])"
+        if self.vendor != "postgresql":
+            among, params = f"IN ({', '.join(['%s'] * len(missing))})", list(missing_names)
+        cursor.execute(
+            f"SELECT name, holder, token FROM {self._table} "
+            f"WHERE name {among} AND expires_at > {d.now()}",
+            params,
+        )
+        current = {(name, holder, int(token)) for name, holder, token in cursor.fetchall()}
+        return [key for key in missing if key in current]
+
+    def _skips_locked(self, cursor: Any) -> bool:
+        return self.vendor != "sqlite" and bool(
+            cursor.db.features.has_select_for_update_skip_locked
+        )
+
+    def _renew_chunk_mysql(
+        self, cursor: Any, keys: list[tuple[str, str, int]], ttl: float, skip_locked: bool
+    ) -> list[Sequence[Any]]:
+        """MySQL/MariaDB have no ``UPDATE ... RETURNING``: lock the rows that meet the
+        condition (by the server's clock, read in the same statement), then set them from
+        that reading, in one transaction."""
+        d = self.dialect
+        lock = "FOR UPDATE"
+        if skip_locked and self._skips_locked(cursor):
+            lock += " SKIP LOCKED"
+        wrapper = cursor.db
+        wrapper.set_autocommit(False)
+        try:
+            cursor.execute(
+                f"SELECT {self._select}, {d.now()} FROM {self._table} "
+                f"WHERE name IN ({', '.join(['%s'] * len(keys))}) "
+                f"AND (name, holder, token) IN ({', '.join(['(%s, %s, %s)'] * len(keys))}) "
+                f"AND expires_at > {d.now()} {lock}",
+                [*(key[0] for key in keys), *(v for key in keys for v in key)],
+            )
+            locked = cursor.fetchall()
+            rows: list[Sequence[Any]] = []
+            if locked:
+                now = locked[0][-1]
+                expires = now + timedelta(microseconds=d.ttl_param(ttl))
+                cursor.execute(
+                    f"UPDATE {self._table} SET renewed_at = %s, expires_at = %s "
+                    f"WHERE name IN ({', '.join(['%s'] * len(locked))})",
+                    [now, expires, *(row[0] for row in locked)],
+                )
+                rows = [(*row[:6], now, expires, row[8]) for row in locked]
+            wrapper.commit()
+        except BaseException:
+            with suppress(DjangoDBError):
+                wrapper.rollback()
+            raise
+        finally:
+            if wrapper.connection is not None:
+                wrapper.set_autocommit(True)
+        return rows
+
     def release(self, lease: Lease) -> bool:
         sql = (
             f"UPDATE {self._table} SET previous_holder = holder, holder = '', "
             f"expires_at = {self.dialect.now()} WHERE name = %s AND holder = %s AND token = %s"
         )
+        params = [lease.name, lease.holder, lease.token]
+        if self.vendor == "postgresql":
+            # One statement, committed on its own: the release, its history event, and
+            # the wake-up of everyone racing for the name (see watch()), sent at commit.
+            event = ""
+            if self.history:
+                event = (
+                    f", event AS (INSERT INTO {self._events} "
+                    "(name, kind, holder, token, previous_holder, at, detail, actor) "
+                    f"SELECT name, %s, %s, %s, '', {self.dialect.now()}, '', '' FROM released)"
+                )
+                params += [str(EventKind.RELEASED), lease.holder, lease.token]
+            with self._cursor(atomic=False) as cursor:
+                cursor.execute(
+                    f"WITH released AS ({sql} RETURNING name){event} "
+                    "SELECT pg_notify(%s, '') FROM released",
+                    [*params, channel(self._channel_prefix, lease.name)],
+                )
+                return len(cursor.fetchall()) == 1
         with self._cursor(atomic=True) as cursor:
-            cursor.execute(sql, [lease.name, lease.holder, lease.token])
+            cursor.execute(sql, params)
             released = cursor.rowcount == 1
             if released and self.history:
                 self._insert_event(cursor, EventKind.RELEASED, lease)
-            if released and self.vendor == "postgresql":
-                # Delivered at commit to everyone racing for the name (see watch()).
-                cursor.execute(
-                    "SELECT pg_notify(%s, '')", [channel(self._channel_prefix, lease.name)]
-                )
         return released
 
     def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
@@ -600,3 +802,14 @@ class DatabaseBackend(Backend):
             return
         with fenced_transaction(self.alias, self.dialect, self._table, lease):
             yield
+
+
+def _chunks(keys: list[Any], size: int) -> list[list[Any]]:
+    return [keys[start : start + size] for start in range(0, len(keys), size)]
+
+
+def _acquired_event(lease: Lease) -> tuple[str, str]:
+    """The history event of an acquisition: its kind and detail."""
+    if lease.previous_holder:  # the previous holder's term had expired
+        return EventKind.TAKEN_OVER, f"lease of {lease.previous_holder} had expired"
+    return EventKind.ACQUIRED, ""

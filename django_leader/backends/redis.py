@@ -63,7 +63,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -89,6 +89,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_leader")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+
+#: Leases renewed by one script of :meth:`RedisBackend.renew_many` (the scripts of a batch
+#: go in one pipeline: one round trip).
+BATCH = 1000
 
 
 def redis_client(cache: Any) -> Any:
@@ -171,6 +175,7 @@ class RedisBackend(WrittenAfterwards, Backend):
         self._history = HistoryWriter(conf.database) if conf.history else None
         self._acquire = self.client.register_script(scripts.ACQUIRE)
         self._renew = self.client.register_script(scripts.RENEW)
+        self._renew_many = self.client.register_script(scripts.RENEW_MANY)
         self._release = self.client.register_script(scripts.RELEASE)
         self._force_release = self.client.register_script(scripts.FORCE_RELEASE)
         self._read = self.client.register_script(scripts.READ)
@@ -336,6 +341,60 @@ class RedisBackend(WrittenAfterwards, Backend):
         renewed = self._lease(lease.name, reply)
         if renewed is not None and len(reply) > 9:
             renewed.handover_to = _text(reply[9])
+        return renewed
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """:meth:`renew` each of ``leases``: one script per ``BATCH`` (1,000) leases (each
+        lease renewed or refused on its own, exactly as by ``renew``), all sent in one
+        pipeline: one round trip for any count."""
+        import redis
+
+        if not leases:
+            return []
+        keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
+        chunks = [keys[start : start + BATCH] for start in range(0, len(keys), BATCH)]
+        terms, ms = self.terms_key(), self._ms(ttl)
+        calls = []
+        for chunk in chunks:
+            script_keys = [key for name, _, _ in chunk for key in self.keys(name)]
+            args = [arg for name, holder, token in chunk for arg in (holder, token, name)]
+            calls.append([len(script_keys) + 1, *script_keys, terms, ms, *args])
+        replies: list[Any] = [None] * len(calls)
+        try:
+            pending = list(range(len(calls)))
+            for _ in range(2):  # once more after loading the script (NOSCRIPT)
+                pipe = self.client.pipeline(transaction=False)
+                for index in pending:
+                    pipe.evalsha(self._renew_many.sha, *calls[index])
+                results = pipe.execute(raise_on_error=False)
+                missing = []
+                for index, result in zip(pending, results, strict=True):
+                    if isinstance(result, redis.exceptions.NoScriptError):
+                        missing.append(index)
+                    elif isinstance(result, Exception):
+                        raise result
+                    else:
+                        replies[index] = result
+                if not missing:
+                    break
+                self._renew_many.sha = self.client.script_load(self._renew_many.script)
+                pending = missing
+            else:
+                raise redis.exceptions.NoScriptError("renew_many: the script was not loaded")
+        except redis.RedisError as exc:
+            raise BackendUnavailable(f"redis cache {self.alias!r}: {exc}") from exc
+        found = {
+            key: reply
+            for chunk, chunk_replies in zip(chunks, replies, strict=True)
+            for key, reply in zip(chunk, chunk_replies, strict=True)
+        }
+        renewed: list[Lease | None] = []
+        for lease in leases:
+            reply = found[(lease.name, lease.holder, lease.token)]
+            one = self._lease(lease.name, reply)
+            if one is not None:
+                one.handover_to = _text(reply[9])
+            renewed.append(one)
         return renewed
 
     def release(self, lease: Lease) -> bool:

@@ -144,6 +144,40 @@ return {1, ARGV[1], current[2], current[3], str(now), str(expires), transitions,
 """
 )
 
+# RENEW for many leases at once (RedisBackend.renew_many), each renewed or refused on its
+# own exactly as by RENEW, all by one reading of the server's clock. KEYS: lease, meta of
+# each lease, then terms. ARGV: ttl_ms, then holder, token, name of each lease. Returns
+# RENEW's reply for each lease, in order.
+RENEW_MANY = (
+    NOW
+    + """
+local ttl = tonumber(ARGV[1])
+local expires = now + ttl * 1000
+local terms = KEYS[#KEYS]
+local replies = {}
+for i = 1, (#KEYS - 1) / 2 do
+  local lease, meta = KEYS[2 * i - 1], KEYS[2 * i]
+  local holder, token, name = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local current = redis.call('HMGET', lease, 'holder', 'token', 'acquired_at')
+  if current[1] ~= holder or current[2] ~= token then
+    replies[i] = {0}
+  else
+    redis.call('HSET', lease, 'renewed_at', str(now), 'expires_at', str(expires))
+    redis.call('PEXPIRE', lease, ARGV[1])
+    redis.call('HSET', meta, 'renewed_at', str(now), 'expires', str(expires))
+    redis.call('HSET', terms, name, str(expires))
+    local transitions = redis.call('HGET', meta, 'transitions') or '0'
+    local handover = redis.call('HMGET', meta, 'handover_to', 'handover_until')
+    local to = ''
+    if handover[1] and tonumber(handover[2] or '0') > now then to = handover[1] end
+    replies[i] = {1, holder, current[2], current[3], str(now), str(expires), transitions, '',
+                  '0', to}
+  end
+end
+return replies
+"""
+)
+
 # KEYS: lease, meta, terms. ARGV: holder, token, name, the name's wake-up channel (every
 # candidate racing for it and every observer: see RedisBackend.watch). Returns the server
 # time if released, else 0.

@@ -53,9 +53,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -96,6 +96,9 @@ HANDSHAKE_TIMEOUT = 2.0
 HANDSHAKES_REFUSED = 1
 #: How long a clock estimate is trusted before the clock znode is written again.
 ESTIMATE_AGE = 30.0
+#: Leases renewed by one ``multi`` of :meth:`ZooKeeperBackend.renew_many` (two operations
+#: each, well under the ensemble's request size limit, ``jute.maxbuffer``).
+BATCH = 500
 
 
 @dataclass
@@ -114,6 +117,9 @@ class _Held:
     #: the record, so a write conditional on this version cannot land on a lease znode made
     #: by a later grant (whose version restarts at 0 and may equal ours).
     record_version: int
+    #: The record's content at that version (its hand-over request, its transitions): a
+    #: renewal conditional on the version needs not read it again.
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def _time(ms: int | float) -> datetime:
@@ -333,8 +339,9 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         if hub is not None:
             hub.state_changed(state)
 
-    def _wait(self, result: Any) -> Any:
-        """The outcome of a kazoo async call within the call bound."""
+    def _wait(self, result: Any, deadline: float | None = None) -> Any:
+        """The outcome of a kazoo async call within the call bound (or by ``deadline``, a
+        ``time.monotonic()`` time, for the calls of a batch sent together)."""
         from kazoo.exceptions import (
             ConnectionClosedError,
             ConnectionLoss,
@@ -343,8 +350,9 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         )
         from kazoo.handlers.threading import KazooTimeoutError
 
+        timeout = self.timeout if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return result.get(timeout=self.timeout)
+            return result.get(timeout=timeout)
         except KazooTimeoutError as exc:
             raise BackendUnavailable(
                 f"zookeeper {self.conf.hosts!r}: no answer within {self.timeout:g}s"
@@ -361,11 +369,13 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         """``(data, stat)`` of ``path``, or None if it does not exist."""
         return self._read_result(client.get_async(path))
 
-    def _read_result(self, result: Any) -> tuple[dict[str, Any], Any] | None:
+    def _read_result(
+        self, result: Any, deadline: float | None = None
+    ) -> tuple[dict[str, Any], Any] | None:
         from kazoo.exceptions import NoNodeError
 
         try:
-            raw, stat = self._wait(result)
+            raw, stat = self._wait(result, deadline)
         except NoNodeError:
             return None
         return (json.loads(raw) if raw else {}), stat
@@ -586,6 +596,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             ttl=_ms(ttl),
             granted=_granted_ms(session) if ephemeral else 0,
             record_version=int(stat.version),
+            record=new_record,
         )
         lease = Lease(
             name=name,
@@ -644,7 +655,16 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         known = self._versions.get(key)
         if known is not None and not fresh:
             return known, {}
-        record_found, found = self._record_and_lease(client, lease.name)
+        return self._held_as_read(lease, *self._record_and_lease(client, lease.name))
+
+    def _held_as_read(
+        self,
+        lease: Lease,
+        record_found: tuple[dict[str, Any], Any] | None,
+        found: tuple[dict[str, Any], Any] | None,
+    ) -> tuple[_Held, dict[str, Any]] | None:
+        """:meth:`_held` from the name's record and lease znode as read."""
+        key = (lease.name, lease.holder, lease.token)
         if found is None or record_found is None:
             return None
         data, stat = found
@@ -663,68 +683,189 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             ttl=int(data["ttl"]),
             granted=owner,
             record_version=int(record_found[1].version),
+            record=record_found[0],
         )
         self._versions[key] = held
         return held, record_found[0]
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
+        return self.renew_many([lease], ttl)[0]
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """:meth:`renew` each of ``leases``, pipelined: every read, every clock reading and
+        every conditional write of the batch is sent before any answer is waited for, so a
+        batch costs the round trips of one renewal (one, once the lease znodes' versions
+        are known), not one per lease. Each lease's write is conditional on its own
+        record's and lease znode's versions, as a single renewal's is."""
+        if not leases:
+            return []
+        client = self.client
+        wanted = {(lease.name, lease.holder, lease.token): lease for lease in leases}
+        answers: dict[tuple[str, str, int], Any] = {}
+        pending = list(wanted)
+        for attempt in range(2):
+            # What we know of each lease znode; read (all at once) what we do not, and on
+            # the second attempt everything (a write found the versions changed).
+            deadline = time.monotonic() + self.timeout
+            reads = {
+                key: self._record_and_lease_async(client, key[0])
+                for key in pending
+                if attempt or key not in self._versions
+            }
+            held: dict[tuple[str, str, int], _Held] = {}
+            for key in pending:
+                if key in reads:
+                    record_result, lease_result = reads[key]
+                    found = self._held_as_read(
+                        wanted[key],
+                        self._read_result(record_result, deadline),
+                        self._read_result(lease_result, deadline),
+                    )
+                    known = found[0] if found is not None else None
+                else:
+                    known = self._versions[key]
+                if known is None:
+                    self._versions.pop(key, None)
+                    answers[key] = None
+                    continue
+                # An ephemeral lease is never longer than its session (whose end frees
+                # it); -1: another session's, whose timeout we do not know.
+                limit = known.ttl if known.granted < 0 else known.granted
+                if limit and _ms(ttl) > limit:
+                    raise NotSupportedError(
+                        f"cannot renew {key[0]!r} for {ttl:g}s: the session that holds it "
+                        f"ends {limit / 1000:g}s after its holder's last message, and its "
+                        "end frees the lease"
+                    )
+                held[key] = known
+            self._drop_expired(held, answers)
+            pending = self._renew_held(client, held, ttl, answers)
+            if not pending:
+                break
+        for key in pending:  # conflicting twice: another grant, or a hand-over request
+            answers[key] = None
+        renewed: list[Lease | None] = []
+        for lease in leases:
+            answer = answers[(lease.name, lease.holder, lease.token)]
+            if answer is None:
+                renewed.append(None)
+                continue
+            data, stat, record = answer
+            one = self._lease(lease.name, data, stat, record)
+            one.handover_to = _handover_to(record, stat.mtime)
+            renewed.append(one)
+        return renewed
+
+    def _record_and_lease_async(self, client: Any, name: str) -> tuple[Any, Any]:
+        """:meth:`_record_and_lease` sent, not waited for."""
+        return client.get_async(self._name_path(name)), client.get_async(self._lease_path(name))
+
+    def _drop_expired(
+        self, held: dict[tuple[str, str, int], _Held], answers: dict[tuple[str, str, int], Any]
+    ) -> None:
+        """Refuse the leases of ``held`` whose term has passed by the ensemble's clock, as
+        far as a clock estimate tells (without one, the write's ``mtime`` will): those the
+        estimate is not sure of are decided by one reading of the clock for all."""
+        estimate = self._estimate_ms()
+        if estimate is None:
+            return
+        unsure = [
+            key
+            for key, known in held.items()
+            if estimate + ESTIMATE_SLACK * 1000 >= known.mtime + known.ttl
+        ]
+        if not unsure:
+            return
+        now = self._now_ms()
+        for key in unsure:
+            known = held[key]
+            if now >= known.mtime + known.ttl:
+                del held[key]
+                self._versions.pop(key, None)
+                answers[key] = None
+
+    def _renew_held(
+        self,
+        client: Any,
+        held: dict[tuple[str, str, int], _Held],
+        ttl: float,
+        answers: dict[tuple[str, str, int], Any],
+    ) -> list[tuple[str, str, int]]:
+        """Write every lease znode of ``held``, each write conditional on the lease's own
+        record and znode versions: one ``multi`` per ``BATCH`` (500) leases, all sent before
+        the first answer is waited for. A ``multi`` is all or nothing, so one that a lease
+        made fail is sent again without it, one ``multi`` per lease: one lease refused
+        never costs the others theirs. Puts ``(data, stat, record)`` of each renewed lease
+        (None if refused) in ``answers``; returns the leases to look at again (their
+        versions changed: another grant, or a hand-over request)."""
         from kazoo.exceptions import BadVersionError, NoNodeError
 
-        client = self.client
-        key = (lease.name, lease.holder, lease.token)
-        lease_path, record_path = self._lease_path(lease.name), self._name_path(lease.name)
-        for attempt in range(2):
-            found = self._held(client, lease, fresh=bool(attempt))
-            if found is None:
-                self._versions.pop(key, None)
-                return None
-            held = found[0]
-            # An ephemeral lease is never longer than its session (whose end frees it);
-            # -1: another session's, whose timeout we do not know (no longer than before).
-            limit = held.ttl if held.granted < 0 else held.granted
-            if limit and _ms(ttl) > limit:
-                raise NotSupportedError(
-                    f"cannot renew {lease.name!r} for {ttl:g}s: the session that holds it "
-                    f"ends {limit / 1000:g}s after its holder's last message, and its end "
-                    "frees the lease"
-                )
-            if self._estimate_ms() is not None and self._passed(held.mtime + held.ttl)[0]:
-                self._versions.pop(key, None)
-                return None
-            data = {"holder": lease.holder, "token": lease.token, "ttl": _ms(ttl)}
-            transaction = client.transaction()
-            transaction.check(record_path, held.record_version)
-            transaction.set_data(lease_path, json.dumps(data).encode(), version=held.version)
-            pending = transaction.commit_async()
-            record_result = client.get_async(record_path)  # for a hand-over request
-            results = self._wait(pending)
-            failed = _failure(results)
-            if failed is not None:
+        keys = list(held)
+        groups = [keys[start : start + BATCH] for start in range(0, len(keys), BATCH)]
+        again = []
+        deadline = time.monotonic() + self.timeout
+        while groups:
+            sent = []
+            for group in groups:
+                transaction = client.transaction()
+                for name, holder, token in group:
+                    transaction.check(
+                        self._name_path(name), held[(name, holder, token)].record_version
+                    )
+                    data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
+                    transaction.set_data(
+                        self._lease_path(name),
+                        json.dumps(data).encode(),
+                        version=held[(name, holder, token)].version,
+                    )
+                sent.append((group, transaction.commit_async()))
+            groups = []
+            for group, pending in sent:
+                results = self._wait(pending, deadline)
+                failed = _failure(results)
+                if failed is None:
+                    for index, key in enumerate(group):
+                        self._renewed(client, key, held[key], results[2 * index + 1], ttl, answers)
+                    continue
                 if not isinstance(failed[1], BadVersionError | NoNodeError):
-                    raise BackendUnavailable(f"zookeeper: renewal of {lease.name!r}: {failed[1]!r}")
-                # Another grant, or a hand-over request changed the record: look again.
-                self._versions.pop(key, None)
-                continue
-            stat = results[1]
-            self._seen(stat.mtime)
-            if stat.mtime >= held.mtime + held.ttl:
-                # It had expired before this renewal reached the ensemble: not renewed, and
-                # the znode we just wrote goes (nobody else has taken the name: the record
-                # has not changed).
-                self._versions.pop(key, None)
-                cleanup = client.transaction()
-                cleanup.check(record_path, held.record_version)
-                cleanup.delete(lease_path, version=stat.version)
-                cleanup.commit_async().rawlink(lambda _: None)
-                return None
-            held.version, held.mtime, held.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
-            self._versions[key] = held
-            record_found = self._read_result(record_result)
-            record = record_found[0] if record_found else {}
-            renewed = self._lease(lease.name, data, stat, record)
-            renewed.handover_to = _handover_to(record, stat.mtime)
-            return renewed
-        return None
+                    raise BackendUnavailable(
+                        f"zookeeper: renewal of {group[failed[0] // 2][0]!r}: {failed[1]!r}"
+                    )
+                culprit = group[failed[0] // 2]
+                self._versions.pop(culprit, None)
+                again.append(culprit)
+                groups += [[key] for key in group if key != culprit]
+        return again
+
+    def _renewed(
+        self,
+        client: Any,
+        key: tuple[str, str, int],
+        known: _Held,
+        stat: Any,
+        ttl: float,
+        answers: dict[tuple[str, str, int], Any],
+    ) -> None:
+        """A lease znode written by a renewal: renewed, unless its term had passed first."""
+        name, holder, token = key
+        self._seen(stat.mtime)
+        if stat.mtime >= known.mtime + known.ttl:
+            # It had expired before this renewal reached the ensemble: not renewed, and the
+            # znode we just wrote goes (nobody else has taken the name: the record has not
+            # changed).
+            self._versions.pop(key, None)
+            cleanup = client.transaction()
+            cleanup.check(self._name_path(name), known.record_version)
+            cleanup.delete(self._lease_path(name), version=stat.version)
+            cleanup.commit_async().rawlink(lambda _: None)
+            answers[key] = None
+            return
+        known.version, known.mtime, known.ttl = int(stat.version), int(stat.mtime), _ms(ttl)
+        self._versions[key] = known
+        # The record is as we know it (the write was conditional on its version): its
+        # hand-over request, if any, needs no reading.
+        data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
+        answers[key] = (data, stat, known.record)
 
     def release(self, lease: Lease) -> bool:
         from kazoo.exceptions import BadVersionError, NoNodeError

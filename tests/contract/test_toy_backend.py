@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class TestFileBackend(BackendContract):
+    #: Each call rewrites the whole JSON file: thousands of acquisitions would take minutes.
+    large_batch = 100
+
     @pytest.fixture(autouse=True)
     def _file(self, tmp_path: Path) -> None:
         self.path = str(tmp_path / "leases.json")

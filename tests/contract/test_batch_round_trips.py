@@ -1,0 +1,147 @@
+"""What one ``renew_many`` of thousands of leases costs the store, counted in round trips:
+a handful on PostgreSQL and Redis, whatever the number of leases (issue 14: one renewal
+loop for every lease a process holds); and a lease of the batch whose row is locked holds
+up none of the others."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_leader.lease import Lease, clock
+from tests.support.stores import CACHE_STORES, open_store, stores_db
+from tests.support.waiting import wait_until
+
+pytestmark = stores_db
+
+#: Leases in the batch: more than one statement or script of a chunked store takes.
+LEASES = 2500
+#: Round trips a batch may cost: one on each store when every lease is renewed; one more
+#: on PostgreSQL when some are refused (it asks which of them were locked).
+MOST = 3
+
+
+def acquired(backend: Any, name: str) -> list[Lease]:
+    leases = [backend.acquire(f"{name}-{i:05d}", "alice", 30)[0] for i in range(LEASES)]
+    assert None not in leases
+    return leases
+
+
+@pytest.fixture
+def postgresql() -> Iterator[Any]:
+    yield from open_store("postgresql")
+
+
+@pytest.fixture(params=list(CACHE_STORES))
+def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    yield from open_store(request.param)
+
+
+def test_postgresql_renews_a_batch_in_one_statement(postgresql: Any, lease_name: str) -> None:
+    leases = acquired(postgresql, lease_name)
+    stale = Lease(lease_name + "-00001", "alice", leases[1].token + 1, None, None, None, 0)
+    wrapper = postgresql._connection()  # this thread's private connection
+    statements: list[str] = []
+
+    def count(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, *args)
+
+    with wrapper.execute_wrapper(count):
+        renewed = postgresql.renew_many(leases, 30)
+        assert len(statements) == 1, statements  # in autocommit: no BEGIN, no COMMIT
+        assert wrapper.get_autocommit()
+        assert None not in renewed
+        statements.clear()
+        # One lease refused: it still costs one statement more, not one per lease.
+        refused = postgresql.renew_many([*leases, stale], 30)
+        assert refused[-1] is None and None not in refused[:-1]
+        assert len(statements) <= MOST, statements
+
+
+def test_redis_renews_a_batch_in_one_round_trip(
+    redis_store: Any, lease_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+
+    leases = acquired(redis_store, lease_name)
+    pool = redis_store.client.connection_pool
+    ours: set[int] = set()
+    sent: list[int] = []
+    get_connection = pool.get_connection
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted_get_connection(*args: Any, **kwargs: Any) -> Any:
+        connection = get_connection(*args, **kwargs)
+        ours.add(id(connection))
+        return connection
+
+    def counted_send(connection: Any, *args: Any, **kwargs: Any) -> Any:
+        if id(connection) in ours:
+            sent.append(id(connection))
+        return send(connection, *args, **kwargs)
+
+    monkeypatch.setattr(pool, "get_connection", counted_get_connection)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted_send)
+    renewed = redis_store.renew_many(leases, 30)
+    assert None not in renewed
+    assert len(sent) == 1, sent
+    # A server that forgot the script (SCRIPT FLUSH, a restart): loaded again, once.
+    sent.clear()
+    redis_store._renew_many.sha = "0" * 40  # a script the server does not know
+    renewed = redis_store.renew_many(leases, 30)
+    assert None not in renewed
+    assert len(sent) <= MOST, sent
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def row_locking(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A database backend on each database with row locks (SQLite locks the whole file)."""
+    yield from open_store(request.param)
+
+
+def test_a_lease_in_a_fenced_transaction_holds_up_no_other(
+    row_locking: Any, lease_name: str
+) -> None:
+    """The row of a lease whose holder is inside ``fenced()`` is locked until that
+    transaction ends: the batch renews the others at once, then waits for it."""
+    backend = row_locking
+    busy, _ = backend.acquire(f"{lease_name}-busy", "alice", 30)
+    free, _ = backend.acquire(f"{lease_name}-free", "alice", 30)
+    assert busy is not None and free is not None
+    busy.deadline = clock() + 30
+    inside, leave = threading.Event(), threading.Event()
+
+    def fenced() -> None:
+        try:
+            with backend.fenced(busy):
+                inside.set()
+                assert leave.wait(30)
+        finally:
+            connections[backend.alias].close()
+
+    holder = threading.Thread(target=fenced)
+    holder.start()
+    answer: list[Any] = []
+    renewer = threading.Thread(target=lambda: answer.append(backend.renew_many([busy, free], 40)))
+    try:
+        assert inside.wait(10)
+        renewer.start()
+        wait_until(
+            lambda: backend.read(free.name).expires_at != free.expires_at,
+            timeout=10,
+            message="the free lease waited for the locked one",
+        )
+        assert backend.read(busy.name).expires_at == busy.expires_at  # still locked
+        assert renewer.is_alive()
+    finally:
+        leave.set()
+        holder.join(30)
+    renewer.join(30)
+    renewed = answer[0]
+    assert [lease.name for lease in renewed] == [busy.name, free.name]
+    assert renewed[0].expires_at > busy.expires_at and renewed[1].expires_at > free.expires_at
