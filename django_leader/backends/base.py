@@ -109,10 +109,16 @@ class Backend(ABC):
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         """:meth:`renew` each of ``leases``; the results in the same order.
 
+        What the process's :class:`~django_leader.session.Session` calls, once per renewal
+        interval, for every lease it holds on this store (up to many thousands).
+
         The default renews them one by one. A store that can renew many leases in one round
-        trip overrides it; each lease is still renewed or refused on its own, exactly as by
-        :meth:`renew`. Raises ``BackendUnavailable`` if the store cannot be reached (then
-        some of the leases may have been renewed: the caller treats none as renewed)."""
+        trip overrides it (every shipped store does); each lease is still renewed or refused
+        on its own, exactly as by :meth:`renew`. A lease listed more than once may be
+        renewed once, every occurrence getting that answer. A lease whose renewal must wait
+        (a row lock) should not delay the others' renewal in the store. Raises
+        ``BackendUnavailable`` if the store cannot be reached (then some of the leases may
+        have been renewed: the caller treats none as renewed and tries again)."""
         return [self.renew(lease, ttl) for lease in leases]
 
     def watch(
