@@ -2,7 +2,7 @@
 
 etcd's ``concurrency.Session``, ZooKeeper's session and Consul's session keep many keys
 alive with one heartbeat. A :class:`Session` does the same for leases: every
-:class:`~django_leader.term.Renewer` of a process on one backend (the renewals of
+``django_leader.term.Renewer`` of a process on one backend (the renewals of
 ``lock()``, :class:`~django_leader.Elector` and ``singleton_task``) registers with it, and
 one thread renews all those that are due together, in one
 :meth:`~django_leader.backends.base.Backend.renew_many` call per ttl — one round trip for
@@ -13,7 +13,7 @@ loss: the loop marks a lease lost when *its* renewal is refused or *its* deadlin
 A session owns two threads and one store connection, whatever the number of leases:
 
 - ``leader-session``: the loop (schedules batches, enforces deadlines, applies results);
-- ``leader-io:session#<n>``: a :class:`~django_leader.caller.StoreCaller` worker (the
+- ``leader-io:session#<n>``: a ``django_leader.caller.StoreCaller`` worker (the
   backends keep one connection per thread) for the batches, every other call of the
   holders — acquire, release, the campaign of an Elector, history — and the reports of
   renewals and losses (``on_lost``, ``on_renewed``: user code never runs on the loop).
@@ -98,7 +98,7 @@ class Session:
 
     Get one with :func:`session`; a renewer joins with :meth:`add` and leaves with
     :meth:`remove`. :meth:`call` and :meth:`submit` are those of a
-    :class:`~django_leader.caller.StoreCaller` shared by every holder.
+    ``django_leader.caller.StoreCaller`` shared by every holder.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -134,7 +134,7 @@ class Session:
         on_late: Callable[[T], None] | None = None,
         urgent: bool = False,
     ) -> Future[T]:
-        """:meth:`StoreCaller.submit <django_leader.caller.StoreCaller.submit>` on the
+        """``StoreCaller.submit`` on the
         session's caller."""
         with self._cond:
             return self._caller().submit(fn, *args, bound=bound, on_late=on_late, urgent=urgent)
@@ -146,7 +146,7 @@ class Session:
         *args: Any,
         on_late: Callable[[T], None] | None = None,
     ) -> T:
-        """:meth:`StoreCaller.call <django_leader.caller.StoreCaller.call>` on the
+        """``StoreCaller.call`` on the
         session's caller."""
         with self._cond:
             caller = self._caller()

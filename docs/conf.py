@@ -59,6 +59,9 @@ nitpick_ignore = [
     ("py:class", "F"),
     ("py:class", "T"),
     ("py:class", "django_leader.celery.tasks.F"),
+    ("py:class", "django_leader.session.T"),
+    # The session's renewers: documented with the session, not as a class of their own.
+    ("py:class", "Renewer"),
     ("py:class", "CheckMessage"),  # django.core.checks, in check_configuration's signature
     # The stores' own classes in return annotations of the backends' methods: internal,
     # documented by the contract they implement (Backend.slots, Backend.now_expression).
