@@ -134,8 +134,7 @@ class Session:
         on_late: Callable[[T], None] | None = None,
         urgent: bool = False,
     ) -> Future[T]:
-        """``StoreCaller.submit`` on the
-        session's caller."""
+        """``StoreCaller.submit`` on the session's caller."""
         with self._cond:
             return self._caller().submit(fn, *args, bound=bound, on_late=on_late, urgent=urgent)
 
@@ -146,8 +145,7 @@ class Session:
         *args: Any,
         on_late: Callable[[T], None] | None = None,
     ) -> T:
-        """``StoreCaller.call`` on the
-        session's caller."""
+        """``StoreCaller.call`` on the session's caller."""
         with self._cond:
             caller = self._caller()
             self._users += 1

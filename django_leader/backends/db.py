@@ -333,16 +333,7 @@ class DatabaseBackend(Backend):
                 cursor.execute(f"SELECT {self._select} FROM {self._table} WHERE name = %s", [name])
                 lease = self._row(cursor.fetchone())
         if lease is None:
-            cursor.execute(
-                f"SELECT {self._select}, {now} FROM {self._table} "
-                f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
-                [name],
-            )
-            row = cursor.fetchone()
-            current = self._row(row)
-            if current is not None:
-                current.read_at = aware(row[-1])
-            return None, current
+            return None, self._current(cursor, name)
         if self.history:
             kind, detail = _acquired_event(lease)
             self._insert_event(cursor, kind, lease, detail=detail)
@@ -559,12 +550,17 @@ class DatabaseBackend(Backend):
 
     def read(self, name: str) -> Lease | None:
         with self._cursor(atomic=False) as cursor:
-            cursor.execute(
-                f"SELECT {self._select}, {self.dialect.now()} FROM {self._table} "
-                f"WHERE name = %s AND holder <> '' AND expires_at > {self.dialect.now()}",
-                [name],
-            )
-            row = cursor.fetchone()
+            return self._current(cursor, name)
+
+    def _current(self, cursor: Any, name: str) -> Lease | None:
+        """The unexpired lease on ``name`` with ``read_at`` (the server's clock), or None."""
+        now = self.dialect.now()
+        cursor.execute(
+            f"SELECT {self._select}, {now} FROM {self._table} "
+            f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
+            [name],
+        )
+        row = cursor.fetchone()
         lease = self._row(row)
         if lease is not None:
             lease.read_at = aware(row[-1])
