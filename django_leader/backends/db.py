@@ -14,6 +14,7 @@ dropped and the next call reconnects: that is how the backend rides out a databa
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
@@ -88,6 +89,7 @@ class DatabaseBackend(Backend):
             f", CASE WHEN handover_until > {now} THEN handover_to ELSE '' END"
         )
         self._hub: WakeHub | None = None
+        self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
 
     def __repr__(self) -> str:
         return f"<DatabaseBackend {self.alias!r} ({self.vendor})>"
@@ -673,15 +675,16 @@ class DatabaseBackend(Backend):
         return f"{self.alias}:{self._table}"
 
     def _wake_hub(self) -> WakeHub | None:
-        hub = self._hub
-        if hub is None or not hub.usable():
-            from .db_listen import PostgresListener
+        with self._hub_lock:
+            hub = self._hub
+            if hub is None or not hub.usable():
+                from .db_listen import PostgresListener
 
-            transport = PostgresListener.for_alias(self.alias, self.dialect, self.timeout)
-            if transport is None:
-                return None
-            hub = self._hub = WakeHub(transport, f"leader-listen:{self.alias}")
-        return hub
+                transport = PostgresListener.for_alias(self.alias, self.dialect, self.timeout)
+                if transport is None:
+                    return None
+                hub = self._hub = WakeHub(transport, f"leader-listen:{self.alias}")
+            return hub
 
     def request_handover(
         self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""

@@ -63,6 +63,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -183,6 +184,7 @@ class RedisBackend(WrittenAfterwards, Backend):
         self._candidates = self.client.register_script(scripts.CANDIDATES)
         self._handover = self.client.register_script(scripts.HANDOVER)
         self._hub: WakeHub | None = None
+        self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.alias!r}>"
@@ -489,11 +491,12 @@ class RedisBackend(WrittenAfterwards, Backend):
     ) -> Watch | None:
         """Pub/sub: one subscribed connection per process, shared by every watch. A release
         publishes on the name's channel in its own script (no extra round trip)."""
-        hub = self._hub
-        if hub is None or not hub.usable():
-            from .redis_listen import RedisListener
+        with self._hub_lock:
+            hub = self._hub
+            if hub is None or not hub.usable():
+                from .redis_listen import RedisListener
 
-            hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
+                hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
         return hub.watch_lease(self._channel_prefix, name, identity, callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -18,7 +19,7 @@ from django_leader import lock, session, signals
 from django_leader.lease import Lease, LossReason, clock
 from tests.support.counting import CountingBackend
 from tests.support.faults import FaultyBackend
-from tests.support.stores import stores_db
+from tests.support.stores import open_store, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = stores_db
@@ -183,3 +184,40 @@ def test_an_idle_session_ends_its_threads(
         timeout=WAIT,
         message=lambda: [t.name for t in threading.enumerate()],
     )
+
+
+@pytest.fixture(params=["postgresql", "redis", "django-redis"])
+def pushing_backend(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A backend of each store that pushes wake-ups over a listening connection."""
+    yield from open_store(request.param)
+
+
+def test_watchers_starting_together_share_one_listening_thread(
+    pushing_backend: Any, lease_name: str
+) -> None:
+    """20 Electors starting at once each watch their name: one listening connection and
+    thread for all of them (each made its own, when they raced to make the first)."""
+    count = 20
+    start = threading.Barrier(count)
+    watches: list[Any] = []
+    guard = threading.Lock()
+
+    def watch(i: int) -> None:
+        start.wait()
+        made = pushing_backend.watch(f"{lease_name}-{i}", lambda: None)
+        with guard:
+            watches.append(made)
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    try:
+        assert len(watches) == count
+        wait_until(lambda: all(made.live for made in watches), timeout=WAIT, message="never live")
+        listening = [t.name for t in threading.enumerate() if t.name.startswith("leader-listen")]
+        assert len(listening) == 1, listening
+    finally:
+        for made in watches:
+            made.close()
