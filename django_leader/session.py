@@ -58,11 +58,10 @@ _Loss = tuple["Renewer", LossReason]
 class _Batch:
     """One ``renew_many`` call in flight: its renewers, in the order sent."""
 
-    __slots__ = ("bound", "future", "left", "patience", "renewers", "sent", "ttl")
+    __slots__ = ("bound", "future", "left", "patience", "renewers", "sent")
 
-    def __init__(self, renewers: list[Renewer], ttl: float, sent: float) -> None:
+    def __init__(self, renewers: list[Renewer], sent: float) -> None:
         self.renewers = renewers
-        self.ttl = ttl
         self.sent = sent
         #: clock() after which the call is deemed hung: the first deadline among its leases.
         self.bound = min(renewer.deadline for renewer in renewers)
@@ -222,7 +221,7 @@ class Session:
             wake = self._next_wake(clock())
             if not self._done:
                 self._wake_at = wake
-                self._cond.wait(None if wake is None else max(0.0, wake - clock()))
+                self._cond.wait(max(0.0, wake - clock()))
                 self._wake_at = None
         return True
 
@@ -261,7 +260,7 @@ class Session:
 
     def _send(self, renewers: list[Renewer], ttl: float, now: float) -> None:
         """Send one batch, ahead of every queued call (``_cond`` held)."""
-        batch = _Batch(renewers, ttl, now)
+        batch = _Batch(renewers, now)
         for renewer in renewers:
             renewer.in_flight = True
         future = self._caller().submit(
@@ -294,7 +293,7 @@ class Session:
         if hung or any(batch.waiting(now) for batch in self._batches):
             self._calls.unstick(force=True)
 
-    def _next_wake(self, now: float) -> float | None:
+    def _next_wake(self, now: float) -> float:
         """When the loop must wake next: a renewal due, a deadline, a hung batch, or the
         end of idleness (``_cond`` held)."""
         times = [

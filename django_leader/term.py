@@ -172,6 +172,8 @@ class Renewer:
         self._stopped = False
         self._report_lock = threading.RLock()  # held while a report runs
         self._reported = False
+        #: Set by the session when it marks the lease lost (the report may still be queued).
+        self._lost_cause: LossReason | None = None
 
     def __repr__(self) -> str:
         return f"<Renewer {self.lease.name!r} token {self.lease.token}>"
@@ -201,9 +203,6 @@ class Renewer:
             elif self._lost_cause is not None:
                 self._report()  # the session marked it lost; its report is still queued
 
-    #: Set by the session when it marks the lease lost (the report may still be queued).
-    _lost_cause: LossReason | None = None
-
     # -- called by the session ------------------------------------------------------------
     def renewed(self, renewed: Lease, sent: float, took: float) -> bool:
         """Take a renewal sent at ``sent``: False if it came too late (the lease must stay
@@ -213,8 +212,8 @@ class Renewer:
             return False
         self.next_renew = sent + timing.renew_interval
         hooks.notify("renew", self.lease.name, took)
-        if self.on_renewed is not None and self._session is not None:
-            self._session.submit(self._report_renewed, bound=timing.call_timeout)
+        if self.on_renewed is not None:
+            self._joined().submit(self._report_renewed, bound=timing.call_timeout)
         return True
 
     def _lost_in_session(self, cause: LossReason, detail: str = "") -> None:
@@ -224,13 +223,12 @@ class Renewer:
             hooks.notify("renew_failed", self.lease.name)
         self.lease._mark_lost(cause, detail)
         self._lost_cause = cause
-        if self._session is None:
-            self._report()
-            return
-        try:
-            self._session.submit(self._report, bound=self.timing.call_timeout)
-        except RuntimeError:  # its caller is closing: report here
-            self._report()
+        self._joined().submit(self._report, bound=self.timing.call_timeout)
+
+    def _joined(self) -> Session:
+        """The session this renewer joined (in :meth:`start`): the one calling it."""
+        assert self._session is not None
+        return self._session
 
     def _report_renewed(self) -> None:
         with self._report_lock:
