@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.cluster import spawn
 from tests.support.sandboxes import STORE_IDS, Sandbox, open_sandbox
 
 pytestmark = [
@@ -45,7 +45,6 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs POSIX signals, /proc"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 
 #: The leases' ttl in these tests; lock() and Elector renew at ttl / 3 (conf.resolve_timing),
 #: and the settings' RENEW_INTERVAL is set to that too.
@@ -79,17 +78,7 @@ class Proc:
         self.label = label
         self.stderr_path = tmp_path / f"{label}.stderr"
         env = {**sandbox.env, "DL_MP_IDENTITY": f"{label}-{uuid.uuid4().hex[:6]}", **extra}
-        with self.stderr_path.open("wb") as stderr:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.procs.many_leases"],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                bufsize=1,
-            )
+        self.proc = spawn("many_leases", env, self.stderr_path)
         self.pid = self.proc.pid
         self.events: list[Event] = []
         self._cond = threading.Condition()

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ import pytest
 from django_leader import BackendUnavailable
 from django_leader.backends.zookeeper import ZooKeeperBackend, encode_name
 from django_leader.lease import clock
+from tests.support.cluster import spawn
 from tests.support.stores import ROOT
 from tests.support.waiting import wait_until
 from tests.support.zookeeper_server import (
@@ -72,14 +72,7 @@ class Child:
             "DL_ZK_SESSION": str(ttl),
         }
         env.pop("DJANGO_SETTINGS_MODULE", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.procs.zk_elector"],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = spawn("zk_elector", env)
         self.events: list[dict[str, Any]] = []
         self.guard = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)

@@ -66,6 +66,24 @@ def matches(ev: str, who: str | None = None, **fields: Any) -> Predicate:
     return predicate
 
 
+def spawn(module: str, env: dict[str, str], stderr: Path | None = None) -> subprocess.Popen[str]:
+    """Start ``python -m tests.procs.<module>`` in the project's root with ``env``: commands
+    and reports as JSON lines on its stdin and stdout (text, line-buffered); its stderr to
+    the file ``stderr``, else this process's."""
+    with contextlib.ExitStack() as files:
+        err = files.enter_context(stderr.open("wb")) if stderr is not None else None
+        return subprocess.Popen(
+            [sys.executable, "-m", f"tests.procs.{module}"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            bufsize=1,
+        )
+
+
 class Child:
     """One child process and the thread that reads its reports."""
 
@@ -73,17 +91,7 @@ class Child:
         self.cluster = cluster
         self.label = label
         self.stderr_path = cluster.tmp_path / f"{label}.stderr"
-        with self.stderr_path.open("wb") as stderr:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"tests.procs.{module}"],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                bufsize=1,
-            )
+        self.proc = spawn(module, env, self.stderr_path)
         self.pid = self.proc.pid
         #: The identity it campaigns as (``DL_MP_IDENTITY``).
         self.identity = env.get("DL_MP_IDENTITY", "")
