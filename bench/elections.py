@@ -89,6 +89,18 @@ PER_PROCESS = 100
 LOAD_WINDOW = 1.5
 #: Handovers per configuration of the load part.
 LOAD_ROUNDS = 3
+#: The columns of the load table (load_row), here and in bench/report.py.
+LOAD_HEADER = [
+    "store",
+    "mode",
+    "waiting",
+    "woken",
+    "acquire attempts",
+    "requests",
+    "commands run",
+    "of which (mean per handover)",
+    "handover",
+]
 #: The parts, in the order they run.
 PARTS = ("handover", "reference", "crash", "peers", "load")
 #: Before each signal: a pause, plus a random part of the followers' polling period (of
@@ -1266,17 +1278,7 @@ def report(
             f"each, counted for {LOAD_WINDOW:g} s from the stop, idle rate subtracted)\n"
         )
         print_table(
-            [
-                "store",
-                "mode",
-                "waiting",
-                "woken",
-                "acquire attempts",
-                "requests",
-                "commands run",
-                "of which (mean per handover)",
-                "handover",
-            ],
+            LOAD_HEADER,
             [load_row(r) for r in sorted(loads, key=lambda r: (r.store, r.mode, r.size))],
         )
 

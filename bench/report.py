@@ -137,20 +137,25 @@ def part_failover(args: argparse.Namespace) -> dict[str, Any]:
         crash: dict[str, Any] = {}
         peers: dict[str, Any] = {}
         errors: list[str] = []
+
+        def handovers(store: str, sig: signal.Signals) -> elections.Series:
+            """``args.trials`` trials of ``sig`` to the leader of three race candidates."""
+            return elections.handover_series(
+                elections.Log(),
+                store,
+                envs[store],
+                "race",
+                wakeups.get(store, False),
+                sig,
+                args.trials,
+                False,
+            )
+
         for store in STORES:
             if store not in envs:
                 continue
             try:
-                series = elections.handover_series(
-                    elections.Log(),
-                    store,
-                    envs[store],
-                    "race",
-                    wakeups.get(store, False),
-                    signal.SIGTERM,
-                    args.trials,
-                    False,
-                )
+                series = handovers(store, signal.SIGTERM)
             except Exception as exc:
                 errors.append(f"graceful {store}: {exc}")
                 continue
@@ -163,16 +168,7 @@ def part_failover(args: argparse.Namespace) -> dict[str, Any]:
 
         def crash_one(store: str) -> None:
             try:
-                series = elections.handover_series(
-                    elections.Log(),
-                    store,
-                    envs[store],
-                    "race",
-                    wakeups.get(store, False),
-                    signal.SIGKILL,
-                    args.trials,
-                    False,
-                )
+                series = handovers(store, signal.SIGKILL)
             except Exception as exc:
                 errors.append(f"crash {store}: {exc}")
                 return
@@ -269,17 +265,7 @@ def part_load(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rounds": elections.LOAD_ROUNDS,
         "window": elections.LOAD_WINDOW,
-        "header": [
-            "store",
-            "mode",
-            "waiting",
-            "woken",
-            "acquire attempts",
-            "requests",
-            "commands run",
-            "of which (mean per handover)",
-            "handover",
-        ],
+        "header": elections.LOAD_HEADER,
         "rows": rows,
     }
 
