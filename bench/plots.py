@@ -23,6 +23,13 @@ def _plt() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` as a PNG and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def ops(data: dict[str, Any], path: Path) -> None:
     plt = _plt()
     kinds = ["ping", "raw renew", "renew", "acquire", "release", "lock()"]
@@ -43,9 +50,7 @@ def ops(data: dict[str, Any], path: Path) -> None:
     ax.set_title("Lease operations, one call at a time")
     ax.legend(ncol=4, fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def failover(data: dict[str, Any], path: Path) -> None:
@@ -79,9 +84,7 @@ def failover(data: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("signal → next leader (ms)")
         ax.set_title(title)
         ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def load(data: dict[str, Any], path: Path) -> None:
@@ -107,9 +110,7 @@ def load(data: dict[str, Any], path: Path) -> None:
     ax.set_title("Store load of one graceful handover")
     ax.legend(fontsize=8)
     ax.grid(which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def celery(data: dict[str, Any], path: Path) -> None:
@@ -136,9 +137,7 @@ def celery(data: dict[str, Any], path: Path) -> None:
     ax.axhline(0, color="black", linewidth=0.5)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def scale(data: dict[str, Any], path: Path) -> None:
@@ -159,9 +158,7 @@ def scale(data: dict[str, Any], path: Path) -> None:
         ax.set_yscale("symlog")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Leases held by one process (lock(), ttl 6 s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def draw(results: dict[str, Any], out: Path) -> None:
