@@ -340,7 +340,12 @@ class RedisBackend(WrittenAfterwards, Backend):
             lease.name,
             extra=(self.terms_key(),),
         )
-        renewed = self._lease(lease.name, reply)
+        return self._renewed(lease.name, reply)
+
+    def _renewed(self, name: str, reply: Any) -> Lease | None:
+        """The lease a renewal script answered (with its standing hand-over request), or
+        None if it refused."""
+        renewed = self._lease(name, reply)
         if renewed is not None and len(reply) > 9:
             renewed.handover_to = _text(reply[9])
         return renewed
@@ -390,14 +395,10 @@ class RedisBackend(WrittenAfterwards, Backend):
             for chunk, chunk_replies in zip(chunks, replies, strict=True)
             for key, reply in zip(chunk, chunk_replies, strict=True)
         }
-        renewed: list[Lease | None] = []
-        for lease in leases:
-            reply = found[(lease.name, lease.holder, lease.token)]
-            one = self._lease(lease.name, reply)
-            if one is not None:
-                one.handover_to = _text(reply[9])
-            renewed.append(one)
-        return renewed
+        return [
+            self._renewed(lease.name, found[(lease.name, lease.holder, lease.token)])
+            for lease in leases
+        ]
 
     def release(self, lease: Lease) -> bool:
         at = int(
