@@ -1,0 +1,350 @@
+"""``AsyncElector``: the :class:`~django_leader.Elector`'s campaign for asyncio code.
+
+The campaign itself is the Elector's, unchanged: it runs in the Elector's thread, and the
+lease is renewed, and its local deadline kept, by the process's session thread
+(:mod:`django_leader.session`). Neither depends on the event loop, so leadership is kept —
+and given up at the deadline — exactly as in synchronous code, also while the loop is
+blocked. What this class adds is the bridge to the loop: coroutine work run as a task and
+cancelled when leadership ends, callbacks run on the loop, and awaitable waits and reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from types import TracebackType
+from typing import Any
+
+from .backends.base import Backend
+from .conf import Timing
+from .election import Candidate, Mode
+from .elector import Elector
+from .exceptions import BackendUnavailable
+from .lease import Lease, _use_lease, clock
+from .session import session as session_of
+from .term import call_bound, log_extra
+
+logger = logging.getLogger("django_leader")
+
+#: ``work(lease)`` of an AsyncElector: a coroutine function (a task on the loop), or a
+#: plain function (a thread, as with :class:`~django_leader.Elector`).
+AsyncWork = Callable[[Lease], Any]
+#: A callback: a coroutine function or a plain function, run on the loop either way.
+AsyncCallback = Callable[[Lease], Any]
+
+_CALLBACKS = ("on_elected", "on_lost", "on_new_leader")
+
+
+class AsyncElector:
+    """Campaigns for lease ``name`` from asyncio code; the arguments are
+    :class:`~django_leader.Elector`'s.
+
+    ``await start(work)`` / ``await stop()`` (or ``async with AsyncElector(...)``),
+    ``await run(work)``, ``await wait_for_leadership()``, ``await leader()``,
+    ``await candidates()``; ``is_leader`` and ``lease`` as the Elector's.
+
+    ``work(lease)`` may be a coroutine function: each time this elector is elected it runs
+    as a task on the loop that started it, with ``current_lease()`` set; when leadership
+    ends the task is cancelled, and the elector waits for it to finish before it releases
+    the lease and campaigns again (a plain function runs in a thread, as with the Elector).
+    Callbacks ``on_elected``, ``on_lost``, ``on_new_leader`` — keyword arguments, or
+    methods of a subclass — may be coroutine functions or plain ones; both run on the loop,
+    in the order the campaign called them.
+
+    The lease is renewed, and given up at its local deadline, by the session thread
+    whatever the loop does: while the loop is blocked, ``is_leader`` turns false and
+    ``lease.lost`` is set on time; the work is cancelled and the callbacks run when the
+    loop next runs.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        renew_interval: float | None = None,
+        retry_interval: float | None = None,
+        identity: str | None = None,
+        backend: Backend | str | None = None,
+        mode: Mode | str | None = None,
+        priority: int = 0,
+        watchdog: float | None = None,
+        on_elected: AsyncCallback | None = None,
+        on_lost: AsyncCallback | None = None,
+        on_new_leader: AsyncCallback | None = None,
+    ) -> None:
+        for attr, callback in zip(_CALLBACKS, (on_elected, on_lost, on_new_leader), strict=True):
+            if callback is not None:
+                if not callable(callback):
+                    raise TypeError(f"{attr} must be callable")
+                setattr(self, attr, callback)
+        self._elector = Elector(
+            name,
+            ttl=ttl,
+            renew_interval=renew_interval,
+            retry_interval=retry_interval,
+            identity=identity,
+            backend=backend,
+            mode=mode,
+            priority=priority,
+            watchdog=watchdog,
+            on_elected=functools.partial(self._relay, "on_elected"),
+            on_lost=functools.partial(self._relay, "on_lost"),
+            on_new_leader=functools.partial(self._relay, "on_new_leader"),
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._elected: asyncio.Event | None = None  # set on the loop at each election
+        self._ended: asyncio.Event | None = None  # set once the campaign thread is over
+        self._thread: threading.Thread | None = None
+        self._work_tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"<AsyncElector {self.name!r} as {self.identity!r} ({self.mode})>"
+
+    # -- callbacks (override, as plain or coroutine functions, or pass as arguments) ------
+    def on_elected(self, lease: Lease) -> Any:
+        """Called (on the loop) when this elector becomes leader."""
+
+    def on_lost(self, lease: Lease) -> Any:
+        """Called (on the loop) when this elector's leadership ends (lost, or stopped)."""
+
+    def on_new_leader(self, lease: Lease) -> Any:
+        """Called (on the loop) when a new holder of the lease is observed (this one too)."""
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def elector(self) -> Elector:
+        """The synchronous :class:`~django_leader.Elector` that campaigns."""
+        return self._elector
+
+    @property
+    def name(self) -> str:
+        return self._elector.name
+
+    @property
+    def identity(self) -> str:
+        return self._elector.identity
+
+    @property
+    def mode(self) -> Mode:
+        return self._elector.mode
+
+    @property
+    def priority(self) -> int:
+        return self._elector.priority
+
+    @property
+    def timing(self) -> Timing:
+        return self._elector.timing
+
+    @property
+    def backend(self) -> Backend:
+        return self._elector.backend
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this elector holds the lease and its local deadline has not passed."""
+        return self._elector.is_leader
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease this elector holds now, or None."""
+        return self._elector.lease
+
+    async def leader(self) -> Lease | None:
+        """Who holds the lease now, read from the store (a snapshot), or None; bounded
+        like :meth:`Elector.leader() <django_leader.Elector.leader>`."""
+        return await self._read(self.backend.read, self.name)
+
+    async def candidates(self) -> list[Candidate] | None:
+        """The live candidates, as :meth:`Elector.candidates()
+        <django_leader.Elector.candidates>`."""
+        return await self._read(self.backend.candidates, self.name)
+
+    async def _read(self, call: Callable[..., Any], *args: Any) -> Any:
+        bound = call_bound(self.timing)
+        try:
+            return await session_of(self.backend).acall(bound, call, *args)
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"reading {self.name!r}: the store did not answer within {bound:.2f}s"
+            ) from None
+
+    async def wait_for_leadership(self, timeout: float | None = None) -> bool:
+        """Wait, without blocking the loop, until this elector leads (True) or ``timeout``
+        seconds pass (False)."""
+        elected = self._bind()[1]
+        give_up = None if timeout is None else clock() + timeout
+        while True:
+            elected.clear()  # an election from now on wakes the wait below
+            if self.is_leader:
+                return True
+            remaining = None if give_up is None else give_up - clock()
+            if remaining is not None and remaining <= 0:
+                return False
+            with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
+                await asyncio.wait_for(elected.wait(), remaining)
+
+    # -- running --------------------------------------------------------------------------
+    async def start(self, work: AsyncWork | None = None) -> None:
+        """Campaign in the background (the Elector's thread), from now until :meth:`stop`."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"{self!r} is already running")
+        loop = self._bind()[0]
+        ended = self._ended = asyncio.Event()
+        run_work = self._work_in_thread(work, loop)
+
+        def campaign() -> None:
+            try:
+                self._elector.run(run_work)
+            finally:
+                with suppress(RuntimeError):  # the loop is closed: nobody waits
+                    loop.call_soon_threadsafe(ended.set)
+
+        self._thread = threading.Thread(
+            target=campaign, name=f"leader-elector:{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    async def run(self, work: AsyncWork | None = None) -> None:
+        """Campaign until :meth:`stop` (or until the awaiting task is cancelled: then the
+        elector stops, releasing the lease)."""
+        await self.start(work)
+        assert self._ended is not None
+        try:
+            await self._ended.wait()
+        except asyncio.CancelledError:
+            await asyncio.shield(self.stop())
+            raise
+
+    async def stop(self, release: bool = True, timeout: float | None = None) -> None:
+        """Stop campaigning: as :meth:`Elector.stop() <django_leader.Elector.stop>`
+        (``lease.lost`` set, the work cancelled and awaited, then the lease released),
+        awaited without blocking the loop. Called from the work or a callback, it only asks
+        and returns: the campaign ends once that returns."""
+        if asyncio.current_task() in self._work_tasks:
+            self._elector.stop(release, timeout=0)
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, functools.partial(self._elector.stop, release, timeout))
+        if self._ended is not None and timeout is None:
+            await self._ended.wait()
+
+    def resign(self, backoff: float | None = None) -> None:
+        """Step down now and campaign again after ``backoff`` (as the Elector's)."""
+        self._elector.resign(backoff)
+
+    async def hand_over(self, to: str | None = None) -> None:
+        """Step down in favour of candidate ``to`` (as the Elector's), awaited."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._elector.hand_over, to)
+
+    async def __aenter__(self) -> AsyncElector:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.shield(self.stop())
+
+    # -- the bridge to the loop -----------------------------------------------------------
+    def _bind(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Event]:
+        """The loop this elector reports to (the running one), and its election event."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._elected is None:
+            running = self._thread is not None and self._thread.is_alive()
+            if running and self._loop is not None and self._loop is not loop:
+                raise RuntimeError(f"{self!r} runs on another event loop")
+            self._loop = loop
+            self._elected = asyncio.Event()
+        return loop, self._elected
+
+    def _relay(self, attr: str, lease: Lease) -> None:
+        """A callback of the campaign (on its thread): hand it to the loop."""
+        loop, elected = self._loop, self._elected
+        if loop is None:
+            return
+        callback: Callable[[Lease], Any] = getattr(self, attr)
+        with suppress(RuntimeError):  # the loop is closed: nobody listens any more
+            if attr == "on_elected" and elected is not None:
+                loop.call_soon_threadsafe(elected.set)
+            loop.call_soon_threadsafe(self._call_back, callback, lease)
+
+    def _call_back(self, callback: Callable[[Lease], Any], lease: Lease) -> None:
+        """Run a callback on the loop; a coroutine one becomes a task."""
+        try:
+            outcome = callback(lease)
+        except Exception:
+            logger.exception("callback %r for %r raised", callback, self.name)
+            return
+        if inspect.isawaitable(outcome):
+            task = asyncio.ensure_future(outcome)
+            task.add_done_callback(functools.partial(self._callback_done, callback))
+
+    def _callback_done(self, callback: Callable[[Lease], Any], task: asyncio.Future[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "callback %r for %r raised",
+                callback,
+                self.name,
+                exc_info=task.exception(),
+            )
+
+    def _work_in_thread(
+        self, work: AsyncWork | None, loop: asyncio.AbstractEventLoop
+    ) -> Callable[[Lease], Any] | None:
+        """What the Elector runs in its work thread: ``work`` itself if it is a plain
+        function, else a function that runs the coroutine on ``loop`` and waits for it."""
+        if work is None or not inspect.iscoroutinefunction(work):
+            return work
+        coroutine_work: Callable[[Lease], Awaitable[Any]] = work
+
+        def run_on_loop(lease: Lease) -> Any:
+            future = asyncio.run_coroutine_threadsafe(self._lead(coroutine_work, lease), loop)
+            while True:
+                try:
+                    return future.result(timeout=1.0)
+                except concurrent.futures.TimeoutError:
+                    if loop.is_closed():  # nothing will ever run it: the term ends
+                        logger.warning(
+                            "the event loop of %r closed while its work ran",
+                            self,
+                            extra=log_extra(lease),
+                        )
+                        return None
+
+        return run_on_loop
+
+    async def _lead(self, work: Callable[[Lease], Awaitable[Any]], lease: Lease) -> Any:
+        """Run one term's work as a task; cancel it when the lease is lost."""
+
+        async def with_lease() -> Any:
+            with _use_lease(lease):
+                return await work(lease)
+
+        task = asyncio.ensure_future(with_lease())
+        self._work_tasks.add(task)
+        lost = asyncio.ensure_future(lease.wait_lost())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()  # leadership ended: the work must stop
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.cancelled() and lost.done():
+                    return None  # cancelled by us, as it should be
+                raise
+        finally:
+            lost.cancel()
+            self._work_tasks.discard(task)
