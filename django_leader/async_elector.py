@@ -103,6 +103,7 @@ class AsyncElector:
         self._ended: asyncio.Event | None = None  # set once the campaign thread is over
         self._thread: threading.Thread | None = None
         self._work_tasks: set[asyncio.Task[Any]] = set()
+        self._failed: BaseException | None = None  # what ended the campaign thread
 
     def __repr__(self) -> str:
         return f"<AsyncElector {self.name!r} as {self.identity!r} ({self.mode})>"
@@ -200,9 +201,14 @@ class AsyncElector:
         ended = self._ended = asyncio.Event()
         run_work = self._work_in_thread(work, loop)
 
+        self._failed = None
+
         def campaign() -> None:
             try:
                 self._elector.run(run_work)
+            except BaseException as exc:  # for run() to raise
+                logger.exception("the campaign for %r failed", self.name)
+                self._failed = exc
             finally:
                 with suppress(RuntimeError):  # the loop is closed: nobody waits
                     loop.call_soon_threadsafe(ended.set)
@@ -222,6 +228,8 @@ class AsyncElector:
         except asyncio.CancelledError:
             await asyncio.shield(self.stop())
             raise
+        if self._failed is not None:
+            raise self._failed
 
     async def stop(self, release: bool = True, timeout: float | None = None) -> None:
         """Stop campaigning: as :meth:`Elector.stop() <django_leader.Elector.stop>`
