@@ -19,7 +19,7 @@ logger = logging.getLogger("django_leader")
 
 
 class Observation:
-    """What :func:`observe` returns: an iterator (``for``, ``next()``) and an asynchronous
+    """What :func:`~django_leader.observe` returns: an iterator (``for``, ``next()``) and an asynchronous
     iterator (``async for``, ``anext()``) of the holders of one lease name.
 
     It is one or the other: the first use decides. Its store connection and watch open on

@@ -59,6 +59,9 @@ nitpick_ignore = [
     ("py:class", "F"),
     ("py:class", "T"),
     ("py:class", "django_leader.celery.tasks.F"),
+    ("py:class", "django_leader.lease.T"),
+    ("py:class", "AsyncWork"),
+    ("py:class", "AsyncCallback"),
     ("py:class", "django_leader.session.T"),
     # The session's renewers: documented with the session, not as a class of their own.
     ("py:class", "Renewer"),
