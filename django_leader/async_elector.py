@@ -11,24 +11,24 @@ cancelled when leadership ends, callbacks run on the loop, and awaitable waits a
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import suppress
 from types import TracebackType
 from typing import Any
 
+from . import aio
 from .backends.base import Backend
 from .conf import Timing
 from .election import Candidate, Mode
 from .elector import Elector
 from .exceptions import BackendUnavailable
-from .lease import Lease, _use_lease, clock
+from .lease import Lease
 from .session import session as session_of
-from .term import call_bound, log_extra
+from .term import call_bound
 
 logger = logging.getLogger("django_leader")
 
@@ -99,10 +99,9 @@ class AsyncElector:
             on_new_leader=functools.partial(self._relay, "on_new_leader"),
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._elected: asyncio.Event | None = None  # set on the loop at each election
         self._ended: asyncio.Event | None = None  # set once the campaign thread is over
         self._thread: threading.Thread | None = None
-        self._work_tasks: set[asyncio.Task[Any]] = set()
+        self._callbacks: asyncio.Future[None] | None = None  # the last callback reported
         self._failed: BaseException | None = None  # what ended the campaign thread
 
     def __repr__(self) -> str:
@@ -180,32 +179,33 @@ class AsyncElector:
     async def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Wait, without blocking the loop, until this elector leads (True) or ``timeout``
         seconds pass (False)."""
-        elected = self._bind()[1]
-        give_up = None if timeout is None else clock() + timeout
-        while True:
-            elected.clear()  # an election from now on wakes the wait below
-            if self.is_leader:
-                return True
-            remaining = None if give_up is None else give_up - clock()
-            if remaining is not None and remaining <= 0:
-                return False
-            with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
-                await asyncio.wait_for(elected.wait(), remaining)
+        return await self._elector._await_leadership(timeout)
 
     # -- running --------------------------------------------------------------------------
     async def start(self, work: AsyncWork | None = None) -> None:
         """Campaign in the background (the Elector's thread), from now until :meth:`stop`."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError(f"{self!r} is already running")
-        loop = self._bind()[0]
+        loop = self._bind()
         ended = self._ended = asyncio.Event()
-        run_work = self._work_in_thread(work, loop)
-
         self._failed = None
+        self._elector._stop.clear()
+        run_work: AsyncWork | None = work
+        if work is not None and inspect.iscoroutinefunction(work):
+            coroutine_work = work
+
+            async def after_on_elected(lease: Lease) -> Any:
+                # As with the Elector: the work starts once on_elected has returned.
+                if self._callbacks is not None:
+                    await asyncio.wait({self._callbacks})
+                return await coroutine_work(lease)
+
+            run_work = after_on_elected
 
         def campaign() -> None:
             try:
-                self._elector.run(run_work)
+                # A coroutine work runs on ``loop`` as a task (django_leader.aio.lead).
+                self._elector._run(run_work, loop)
             except BaseException as exc:  # for run() to raise
                 logger.exception("the campaign for %r failed", self.name)
                 self._failed = exc
@@ -236,8 +236,8 @@ class AsyncElector:
         (``lease.lost`` set, the work cancelled and awaited, then the lease released),
         awaited without blocking the loop. Called from the work or a callback, it only asks
         and returns: the campaign ends once that returns."""
-        if asyncio.current_task() in self._work_tasks:
-            self._elector.stop(release, timeout=0)
+        if asyncio.current_task() in aio.terms_of(self._elector):
+            self._elector.stop(release, timeout=0)  # only asks: the work must return first
             return
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, functools.partial(self._elector.stop, release, timeout))
@@ -266,93 +266,37 @@ class AsyncElector:
         await asyncio.shield(self.stop())
 
     # -- the bridge to the loop -----------------------------------------------------------
-    def _bind(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Event]:
-        """The loop this elector reports to (the running one), and its election event."""
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        """The loop this elector reports to: the running one."""
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._elected is None:
-            running = self._thread is not None and self._thread.is_alive()
-            if running and self._loop is not None and self._loop is not loop:
-                raise RuntimeError(f"{self!r} runs on another event loop")
-            self._loop = loop
-            self._elected = asyncio.Event()
-        return loop, self._elected
+        running = self._thread is not None and self._thread.is_alive()
+        if running and self._loop is not None and self._loop is not loop:
+            raise RuntimeError(f"{self!r} runs on another event loop")
+        self._loop = loop
+        return loop
 
     def _relay(self, attr: str, lease: Lease) -> None:
         """A callback of the campaign (on its thread): hand it to the loop."""
-        loop, elected = self._loop, self._elected
+        loop = self._loop
         if loop is None:
             return
         callback: Callable[[Lease], Any] = getattr(self, attr)
         with suppress(RuntimeError):  # the loop is closed: nobody listens any more
-            if attr == "on_elected" and elected is not None:
-                loop.call_soon_threadsafe(elected.set)
             loop.call_soon_threadsafe(self._call_back, callback, lease)
 
     def _call_back(self, callback: Callable[[Lease], Any], lease: Lease) -> None:
-        """Run a callback on the loop; a coroutine one becomes a task."""
-        try:
-            outcome = callback(lease)
-        except Exception:
-            logger.exception("callback %r for %r raised", callback, self.name)
-            return
-        if inspect.isawaitable(outcome):
-            task = asyncio.ensure_future(outcome)
-            task.add_done_callback(functools.partial(self._callback_done, callback))
+        """Run a callback on the loop, after the ones reported before it have finished (a
+        coroutine one is awaited): callbacks never overtake one another."""
+        previous = self._callbacks
 
-    def _callback_done(self, callback: Callable[[Lease], Any], task: asyncio.Future[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            logger.error(
-                "callback %r for %r raised",
-                callback,
-                self.name,
-                exc_info=task.exception(),
-            )
-
-    def _work_in_thread(
-        self, work: AsyncWork | None, loop: asyncio.AbstractEventLoop
-    ) -> Callable[[Lease], Any] | None:
-        """What the Elector runs in its work thread: ``work`` itself if it is a plain
-        function, else a function that runs the coroutine on ``loop`` and waits for it."""
-        if work is None or not inspect.iscoroutinefunction(work):
-            return work
-        coroutine_work: Callable[[Lease], Awaitable[Any]] = work
-
-        def run_on_loop(lease: Lease) -> Any:
-            future = asyncio.run_coroutine_threadsafe(self._lead(coroutine_work, lease), loop)
-            while True:
-                try:
-                    return future.result(timeout=1.0)
-                except concurrent.futures.TimeoutError:
-                    if loop.is_closed():  # nothing will ever run it: the term ends
-                        logger.warning(
-                            "the event loop of %r closed while its work ran",
-                            self,
-                            extra=log_extra(lease),
-                        )
-                        return None
-
-        return run_on_loop
-
-    async def _lead(self, work: Callable[[Lease], Awaitable[Any]], lease: Lease) -> Any:
-        """Run one term's work as a task; cancel it when the lease is lost."""
-
-        async def with_lease() -> Any:
-            with _use_lease(lease):
-                return await work(lease)
-
-        task = asyncio.ensure_future(with_lease())
-        self._work_tasks.add(task)
-        lost = asyncio.ensure_future(lease.wait_lost())
-        try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                task.cancel()  # leadership ended: the work must stop
+        async def in_turn() -> None:
+            if previous is not None:
+                await asyncio.wait({previous})
             try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if task.cancelled() and lost.done():
-                    return None  # cancelled by us, as it should be
-                raise
-        finally:
-            lost.cancel()
-            self._work_tasks.discard(task)
+                outcome = callback(lease)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception:
+                logger.exception("callback %r for %r raised", callback, self.name)
+
+        self._callbacks = asyncio.ensure_future(in_turn())

@@ -19,8 +19,8 @@ logger = logging.getLogger("django_leader")
 
 
 class Observation:
-    """What :func:`~django_leader.observe` returns: an iterator (``for``, ``next()``) and an asynchronous
-    iterator (``async for``, ``anext()``) of the holders of one lease name.
+    """What :func:`~django_leader.observe` returns: an iterator (``for``, ``next()``) and
+    an asynchronous iterator (``async for``, ``anext()``) of the holders of one lease name.
 
     It is one or the other: the first use decides. Its store connection and watch open on
     the first step and close with :meth:`close` / :meth:`aclose`, ``break``-ing out of the

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from django_leader import AsyncElector, Lease, LeaseHeld, alock, current_lease, observe
+from django_leader import AsyncElector, Elector, Lease, LeaseHeld, alock, current_lease, observe
 from django_leader.caller import StoreCaller
 from django_leader.lease import LossReason, clock
 from django_leader.testing import MemoryBackend
@@ -331,13 +331,14 @@ def test_async_elector_runs_callbacks_and_work_on_the_loop(
 
     class Recording(AsyncElector):
         async def on_elected(self, lease: Lease) -> None:
-            calls.append(("elected", threading.current_thread() is loop_thread))
+            calls.append(("elected", threading.current_thread() in loop_thread))
 
         def on_lost(self, lease: Lease) -> None:
-            calls.append(("lost", threading.current_thread() is loop_thread))
+            calls.append(("lost", threading.current_thread() in loop_thread))
 
     async def work(lease: Lease) -> None:
         calls.append(("work", current_lease() is lease))
+        working.set()
         try:
             await asyncio.sleep(WAIT * 2)
         except asyncio.CancelledError:
@@ -345,18 +346,19 @@ def test_async_elector_runs_callbacks_and_work_on_the_loop(
             raise
 
     async def scenario() -> None:
-        nonlocal loop_thread
-        loop_thread = threading.current_thread()
+        loop_thread.append(threading.current_thread())
         elector = Recording(lease_name, backend=memory, **FAST)
         await elector.start(work)
         assert await elector.wait_for_leadership(WAIT)
         leader = await elector.leader()
         assert leader is not None and leader.holder == elector.identity
+        await asyncio.wait_for(working.wait(), WAIT)  # else stop() may cancel it unstarted
         await elector.stop()
         assert not elector.is_leader
         assert await elector.leader() is None  # released on stop
 
-    loop_thread: threading.Thread | None = None
+    working = asyncio.Event()
+    loop_thread: list[threading.Thread] = []
     run(scenario())
     assert calls == [("elected", True), ("work", True), ("lost", True), ("cancelled", True)] or (
         calls == [("elected", True), ("work", True), ("cancelled", True), ("lost", True)]
@@ -438,3 +440,53 @@ def test_async_with_an_elector_campaigns_for_the_block(
         await follower.stop()
 
     run(scenario())
+
+
+# -- Elector from a coroutine ---------------------------------------------------------------------
+def test_an_elector_started_from_a_coroutine_is_awaitable_and_runs_coroutines_on_the_loop(
+    memory: MemoryBackend, lease_name: str
+) -> None:
+    seen: list[str] = []
+
+    class Recording(Elector):
+        async def on_elected(self, lease: Lease) -> None:
+            seen.append(f"elected on loop: {threading.current_thread() is loop_thread[0]}")
+
+    async def work(lease: Lease) -> None:
+        seen.append(f"work on loop: {threading.current_thread() is loop_thread[0]}")
+        await lease.wait_lost()
+        await asyncio.sleep(WAIT * 2)  # cancelled: the term is over
+
+    async def scenario() -> None:
+        loop_thread.append(threading.current_thread())
+        elector = Recording(lease_name, backend=memory, **FAST)
+        await elector.start(work)
+        with pytest.raises(TypeError, match=r"use `await Elector\.wait_for_leadership"):
+            bool(elector.wait_for_leadership(WAIT))  # forgot to await: loud, not True
+        # Typed for sync callers (AsyncElector is the typed async API): hence the ignores.
+        assert await elector.wait_for_leadership(WAIT)  # type: ignore[misc]
+        await elector.stop()  # type: ignore[func-returns-value,misc]  # without blocking
+        assert not elector.is_leader and memory.read(lease_name) is None
+
+    loop_thread: list[threading.Thread] = []
+    run(scenario())
+    assert seen == ["elected on loop: True", "work on loop: True"]
+
+
+def test_elector_run_outside_a_loop_runs_a_coroutine_work_on_a_loop_of_its_own(
+    memory: MemoryBackend, lease_name: str
+) -> None:
+    leases: list[Lease | None] = []
+    elector = Elector(lease_name, backend=memory, **FAST)
+
+    async def work(lease: Lease) -> None:
+        leases.append(current_lease())
+        elector.stop()  # from the work's own loop: only asks
+        await asyncio.sleep(WAIT * 2)  # cancelled once the lease is lost
+
+    thread = threading.Thread(target=elector.run, args=(work,))
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    assert len(leases) == 1 and leases[0] is not None and leases[0].lost.is_set()
+    assert memory.read(lease_name) is None
