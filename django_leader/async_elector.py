@@ -15,7 +15,7 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from types import TracebackType
 from typing import Any
@@ -35,7 +35,8 @@ logger = logging.getLogger("django_leader")
 #: ``work(lease)`` of an AsyncElector: a coroutine function (a task on the loop), or a
 #: plain function (a thread, as with :class:`~django_leader.Elector`).
 AsyncWork = Callable[[Lease], Any]
-#: A callback: a coroutine function or a plain function, run on the loop either way.
+#: A callback: a coroutine function (awaited on the loop) or a plain function (run in the
+#: campaign thread).
 AsyncCallback = Callable[[Lease], Any]
 
 _CALLBACKS = ("on_elected", "on_lost", "on_new_leader")
@@ -54,8 +55,10 @@ class AsyncElector:
     ends the task is cancelled, and the elector waits for it to finish before it releases
     the lease and campaigns again (a plain function runs in a thread, as with the Elector).
     Callbacks ``on_elected``, ``on_lost``, ``on_new_leader`` — keyword arguments, or
-    methods of a subclass — may be coroutine functions or plain ones; both run on the loop,
-    in the order the campaign called them.
+    methods of a subclass — may be coroutine functions, awaited on the loop one after the
+    other in the order the campaign reported them, or plain functions, which run at once in
+    the campaign thread as the Elector's do (so a plain ``on_lost`` runs on time even while
+    the loop is blocked). The work starts once ``on_elected`` has finished.
 
     The lease is renewed, and given up at its local deadline, by the session thread
     whatever the loop does: while the loop is blocked, ``is_leader`` turns false and
@@ -109,13 +112,14 @@ class AsyncElector:
 
     # -- callbacks (override, as plain or coroutine functions, or pass as arguments) ------
     def on_elected(self, lease: Lease) -> Any:
-        """Called (on the loop) when this elector becomes leader."""
+        """Called when this elector becomes leader (a coroutine function: on the loop)."""
 
     def on_lost(self, lease: Lease) -> Any:
-        """Called (on the loop) when this elector's leadership ends (lost, or stopped)."""
+        """Called when this elector's leadership ends, lost or stopped (a plain function
+        at once, in the campaign thread: on time even while the loop is blocked)."""
 
     def on_new_leader(self, lease: Lease) -> Any:
-        """Called (on the loop) when a new holder of the lease is observed (this one too)."""
+        """Called when a new holder of the lease is observed, this one included."""
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -276,27 +280,33 @@ class AsyncElector:
         return loop
 
     def _relay(self, attr: str, lease: Lease) -> None:
-        """A callback of the campaign (on its thread): hand it to the loop."""
-        loop = self._loop
-        if loop is None:
+        """A callback of the campaign, on its thread. A plain function runs here and now,
+        as the Elector's do: on time even while the loop is blocked. A coroutine function's
+        coroutine goes to the loop (the Elector logs what raises here)."""
+        outcome = getattr(self, attr)(lease)
+        if not inspect.isawaitable(outcome):
             return
-        callback: Callable[[Lease], Any] = getattr(self, attr)
-        with suppress(RuntimeError):  # the loop is closed: nobody listens any more
-            loop.call_soon_threadsafe(self._call_back, callback, lease)
+        loop = self._loop
+        try:
+            if loop is None:
+                raise RuntimeError("no event loop")
+            loop.call_soon_threadsafe(self._in_turn, outcome, attr)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            logger.warning("%s of %r not run: its event loop is closed", attr, self.name)
+            if asyncio.iscoroutine(outcome):
+                outcome.close()
 
-    def _call_back(self, callback: Callable[[Lease], Any], lease: Lease) -> None:
-        """Run a callback on the loop, after the ones reported before it have finished (a
-        coroutine one is awaited): callbacks never overtake one another."""
+    def _in_turn(self, outcome: Awaitable[Any], attr: str) -> None:
+        """Await a coroutine callback on the loop once those reported before it have
+        finished: they never overtake one another."""
         previous = self._callbacks
 
         async def in_turn() -> None:
             if previous is not None:
                 await asyncio.wait({previous})
             try:
-                outcome = callback(lease)
-                if inspect.isawaitable(outcome):
-                    await outcome
+                await outcome
             except Exception:
-                logger.exception("callback %r for %r raised", callback, self.name)
+                logger.exception("%s of %r raised", attr, self.name)
 
         self._callbacks = asyncio.ensure_future(in_turn())
