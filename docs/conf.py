@@ -60,6 +60,7 @@ nitpick_ignore = [
     ("py:class", "T"),
     ("py:class", "django_leader.celery.tasks.F"),
     ("py:class", "django_leader.lease.T"),
+    ("py:class", "django_leader.elector._CampaignThread"),
     ("py:class", "AsyncWork"),
     ("py:class", "AsyncCallback"),
     ("py:class", "django_leader.session.T"),
