@@ -61,6 +61,7 @@ nitpick_ignore = [
     ("py:class", "django_leader.celery.tasks.F"),
     ("py:class", "django_leader.lease.T"),
     ("py:class", "django_leader.elector._CampaignThread"),
+    ("py:class", "django_leader.tasks.singleton.F"),
     ("py:class", "AsyncWork"),
     ("py:class", "AsyncCallback"),
     ("py:class", "django_leader.session.T"),
@@ -87,6 +88,8 @@ nitpick_ignore_regex = [
         r"(collections\.abc|concurrent\.futures|contextlib|datetime|threading|types|typing)\..*",
     ),
     ("py:class", r"datetime"),
+    # A dataclass field's ``tuple[Any, ...]``, split by autodoc at the comma.
+    ("py:class", r"tuple\[~typing\.Any"),
 ]
 
 # -- MyST ------------------------------------------------------------------------------
