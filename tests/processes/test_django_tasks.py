@@ -126,9 +126,7 @@ def test_schedule_sends_no_slot_twice_across_a_sigkill_of_the_leader(
     from django_tasks_db.models import DBTaskResult
 
     log = tmp_path / "tasks.jsonl"
-    schedule = {
-        "tick": {"task": "testproject.demoapp.jobs.tick", "every": 1, "slot_kwarg": "slot"}
-    }
+    schedule = {"tick": {"task": "testproject.demoapp.jobs.tick", "every": 1, "slot_kwarg": "slot"}}
     env = child_env(
         lease_store,
         DJANGO_LEADER_TASKS_SCHEDULE=json.dumps(schedule),
