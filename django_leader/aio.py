@@ -14,9 +14,10 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import suppress
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .lease import Lease, _use_lease
+if TYPE_CHECKING:
+    from .lease import Lease
 
 logger = logging.getLogger("django_leader")
 
@@ -29,6 +30,22 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait for ``event`` up to ``timeout`` seconds; whether it was set.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12, that swallows a
+    cancellation of the waiting task that arrives together with the event (the task then
+    goes on as if nothing happened). ``asyncio.wait`` never does."""
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+    return bool(done)
 
 
 def waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
@@ -56,6 +73,8 @@ async def lead(work: Awaitable[T], lease: Lease, owner: object) -> T | None:
     """Await ``work`` (one term's coroutine, of elector ``owner``) as a task with
     ``current_lease()`` set, and cancel it when ``lease`` is lost; None if it was
     cancelled so."""
+
+    from .lease import _use_lease
 
     async def with_lease() -> T:
         with _use_lease(lease):

@@ -263,8 +263,7 @@ class Elector:
                 remaining = None if give_up is None else give_up - clock()
                 if remaining is not None and remaining <= 0:
                     return False
-                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
-                    await asyncio.wait_for(woken.wait(), remaining)
+                await aio.wait_event(woken, remaining)
         finally:
             with self._state, suppress(ValueError):
                 self._elected_waiters.remove(wake)

@@ -13,6 +13,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol, TypeVar
 
+from . import aio
 from .exceptions import LeadershipLost
 
 
@@ -229,8 +230,7 @@ class Lease:
                 if self.deadline is not None:  # look again as the deadline passes
                     until_deadline = max(0.0, self.deadline - now) + 0.001
                     wait = until_deadline if wait is None else min(wait, until_deadline)
-                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
-                    await asyncio.wait_for(woken.wait(), wait)
+                await aio.wait_event(woken, wait)
         finally:
             with self._lock, suppress(ValueError):
                 self._waiters.remove(wake)

@@ -16,6 +16,7 @@ from contextlib import suppress
 from types import TracebackType
 from typing import Any
 
+from . import aio
 from .backends.base import Backend, Watch
 from .caller import Caller
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
@@ -230,8 +231,7 @@ class Lock:
                     return lease
                 if watch is None:
                     watch = self._watch(wake)
-                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
-                    await asyncio.wait_for(woken.wait(), pause)
+                await aio.wait_event(woken, pause)
         finally:
             if watch is not None:
                 watch.close()

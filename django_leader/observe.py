@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Generator
 from contextlib import suppress
 from types import TracebackType
 
+from . import aio
 from .backends.base import Backend
 from .conf import resolve_timing, validate_name
 from .exceptions import BackendUnavailable
@@ -138,8 +139,7 @@ class Observation:
                 else:
                     if self._changed(lease):
                         yield lease
-                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
-                    await asyncio.wait_for(woken.wait(), self.interval)
+                await aio.wait_event(woken, self.interval)
         finally:
             if watch is not None:
                 watch.close()
