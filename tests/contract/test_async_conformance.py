@@ -1,0 +1,722 @@
+"""The async API's conformance on every store (issue 16): ``alock()``, ``Lease.wait_lost()``
+and ``Lease.afenced()``, ``AsyncElector`` and ``async for ... in observe()``, checked from
+the user's side against real stores with what tests/components/test_lock.py,
+tests/components/test_elector.py and tests/contract/test_conformance.py check for the sync
+API.
+
+Each case runs one ``asyncio.run()`` (no pytest plugin: the suite has none). Django's ORM
+refuses to be called from a coroutine, so the test reads the store from a coroutine only
+through :func:`in_thread` (a worker thread that closes its connection after). A ``Ticker``
+task shows the event loop runs on while the API waits: waiting that blocked the loop would
+stop it ticking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from django.conf import settings
+from django.db import connections
+from django.test import override_settings
+
+from django_leader import AsyncElector, LeadershipLost, Lease, LeaseHeld, alock, lock, observe
+from django_leader.backends.base import Backend
+from django_leader.backends.db import DatabaseBackend
+from django_leader.conf import get_settings, resolve_timing
+from django_leader.lease import clock
+from django_leader.locks import acquire_once
+from testproject.demoapp.models import FencedWrite
+from tests.support.faults import FaultyBackend
+from tests.support.stores import history, stores_db
+from tests.support.waiting import wait_until
+
+pytestmark = stores_db
+
+T = TypeVar("T")
+
+#: A generous bound for anything that should happen "soon" (not a measured time).
+WAIT = 10.0
+#: The bound of one test's whole asyncio.run() (a hang fails the test, not the run).
+RUN_BOUND = 90.0
+#: The Elector timing of the sync tests (tests/components/test_elector.py).
+FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
+
+
+@pytest.fixture
+def fast_retry() -> Any:
+    """RETRY_INTERVAL 0.05 s: waiters on a store that does not wake them (SQLite, MariaDB)
+    poll that often, so that contended cases stay short."""
+    with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, "RETRY_INTERVAL": 0.05}):
+        yield
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run one test's coroutine on a new event loop, bounded."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coroutine, RUN_BOUND)
+
+    return asyncio.run(bounded())
+
+
+async def in_thread(backend: Backend, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` in a worker thread (the ORM refuses a coroutine's thread), whose
+    store and database connections are closed after."""
+
+    def work() -> T:
+        try:
+            return call(*args)
+        finally:
+            backend.close()
+            connections.close_all()
+
+    return await asyncio.to_thread(work)
+
+
+async def read(backend: Backend, name: str) -> Lease | None:
+    return await in_thread(backend, backend.read, name)
+
+
+async def eventually(predicate: Callable[[], object], what: str) -> None:
+    """Wait (without blocking the loop) until ``predicate()`` is true; fail after WAIT."""
+    give_up = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < give_up, f"{what}: not within {WAIT:g} s"
+        await asyncio.sleep(0.02)
+
+
+class Ticker:
+    """Counts the event loop's turns: a task that ticks every 10 ms while the loop runs."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            self.ticks += 1
+
+    def start(self) -> Ticker:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def fence_using(backend: Backend) -> tuple[str | None, str]:
+    """``(using, alias)``: the ``fenced(using=...)`` argument and the database written to.
+    A database store fences with its own lease row; the others with a fence row in the
+    settings' database (docs/safety.md)."""
+    if isinstance(backend, DatabaseBackend):
+        return None, backend.alias
+    alias = get_settings().database
+    return alias, alias
+
+
+def write_row(alias: str, name: str, token: int, note: str) -> int:
+    return int(FencedWrite.objects.using(alias).create(writer=name, token=token, note=note).pk)
+
+
+def written(alias: str, name: str) -> list[tuple[int, str]]:
+    rows = FencedWrite.objects.using(alias).filter(writer=name).order_by("id")
+    return list(rows.values_list("token", "note"))
+
+
+# -- alock(): acquire, refuse, time out, wait ------------------------------------------------
+def test_alock_holds_and_releases(backend: Backend, lease_name: str) -> None:
+    async def main() -> tuple[Lease, Lease | None, Lease]:
+        async with alock(lease_name, ttl=30, backend=backend) as lease:
+            assert lease.held and lease.holder and lease.token >= 1
+            assert lease.name == lease_name
+            assert lease.expires_at is not None
+            seen = await read(backend, lease_name)
+        async with alock(lease_name, ttl=30, backend=backend) as again:
+            pass
+        return lease, seen, again
+
+    lease, seen, again = run(main())
+    assert seen is not None and (seen.holder, seen.token) == (lease.holder, lease.token)
+    assert not lease.held and not again.held
+    assert again.token > lease.token  # a new term, a greater fencing token
+    assert backend.read(lease_name) is None
+    kinds = [event[0] for event in history(backend, lease_name)]
+    assert kinds == ["acquired", "released", "acquired", "released"]
+
+
+def test_async_with_lock_works_too(backend: Backend, lease_name: str) -> None:
+    """``lock()`` returns the same Lock class: ``async with lock(...)`` holds too."""
+
+    async def main() -> tuple[Lease, Lease | None]:
+        async with lock(lease_name, ttl=30, backend=backend) as lease:
+            return lease, await read(backend, lease_name)
+
+    lease, seen = run(main())
+    assert seen is not None and seen.token == lease.token
+    assert not lease.held
+    assert backend.read(lease_name) is None
+
+
+def test_non_blocking_alock_of_held_lease_raises(backend: Backend, lease_name: str) -> None:
+    backend.acquire(lease_name, "someone-else", 30)
+
+    async def main() -> None:
+        async with alock(lease_name, backend=backend, blocking=False):
+            pytest.fail("entered a lock held elsewhere")
+
+    with pytest.raises(LeaseHeld, match="someone-else"):
+        run(main())
+    assert backend.read(lease_name).holder == "someone-else"
+
+
+def test_blocking_alock_times_out_without_blocking_the_loop(
+    backend: Backend, lease_name: str
+) -> None:
+    backend.acquire(lease_name, "someone-else", 30)
+
+    async def main() -> tuple[float, int]:
+        ticker = Ticker().start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(LeaseHeld):
+                async with alock(lease_name, backend=backend, timeout=0.5):
+                    pytest.fail("entered a lock held elsewhere")
+            return time.monotonic() - started, ticker.ticks
+        finally:
+            await ticker.stop()
+
+    waited, ticks = run(main())
+    assert 0.5 <= waited < WAIT
+    # The loop turned while alock() waited (10 ms ticks over 0.5 s: far more than 5).
+    assert ticks >= 5, ticks
+    assert backend.read(lease_name).holder == "someone-else"
+
+
+def test_blocking_alock_waits_for_release_without_blocking_the_loop(
+    backend: Backend, lease_name: str, fast_retry: None
+) -> None:
+    """The lease is released from another thread only once the loop has ticked 20 times
+    while alock() waits (or, if the loop never turns, after WAIT): a waiter that blocked
+    the loop is caught either way."""
+    other, _ = backend.acquire(lease_name, "someone-else", 30)
+    seen: dict[str, Any] = {}
+
+    def releaser(ticker: Ticker) -> None:
+        try:
+            give_up = time.monotonic() + WAIT
+            while ticker.ticks < 20 and time.monotonic() < give_up:
+                time.sleep(0.01)
+            seen["ticks_before_release"] = ticker.ticks
+            backend.release(other)
+        finally:
+            backend.close()
+
+    async def main() -> None:
+        ticker = Ticker().start()
+        thread = threading.Thread(target=releaser, args=(ticker,))
+        thread.start()
+        try:
+            async with alock(lease_name, backend=backend, timeout=3 * WAIT) as lease:
+                seen["token"] = lease.token
+                seen["ticks_at_entry"] = ticker.ticks
+        finally:
+            await ticker.stop()
+            await asyncio.to_thread(thread.join, WAIT)
+
+    run(main())
+    assert seen["ticks_before_release"] >= 20, seen
+    assert seen["token"] == other.token + 1
+    assert backend.read(lease_name) is None
+
+
+# -- reentrancy per task ---------------------------------------------------------------------
+def test_nested_alock_in_one_task_reenters(backend: Backend, lease_name: str) -> None:
+    async def main() -> tuple[bool, Lease | None, Lease]:
+        async with alock(lease_name, ttl=30, backend=backend) as outer:
+            await asyncio.sleep(0)
+            async with alock(lease_name, blocking=False, backend=backend) as inner:
+                same = inner is outer
+                await asyncio.sleep(0)
+            # The inner exit did not release.
+            assert outer.held
+            after_inner = await read(backend, lease_name)
+        return same, after_inner, outer
+
+    same, after_inner, outer = run(main())
+    assert same
+    assert after_inner is not None and after_inner.token == outer.token
+    assert backend.read(lease_name) is None
+
+
+def test_child_task_created_inside_the_block_does_not_enter(
+    backend: Backend, lease_name: str, fast_retry: None
+) -> None:
+    """A task created inside the block inherits its context, yet contends like any other
+    holder: refused without blocking, and a blocking one enters only after the block."""
+
+    async def try_once() -> str:
+        try:
+            async with alock(lease_name, blocking=False, backend=backend):
+                return "entered"
+        except LeaseHeld:
+            return "refused"
+
+    async def hold() -> int:
+        async with alock(lease_name, timeout=3 * WAIT, backend=backend) as lease:
+            return lease.token
+
+    async def main() -> tuple[str, bool, int, int]:
+        async with alock(lease_name, ttl=30, backend=backend) as parent:
+            refused = await asyncio.create_task(try_once())
+            waiter = asyncio.create_task(hold())
+            # A child that re-entered would be done at once; give it every chance to.
+            done, _ = await asyncio.wait({waiter}, timeout=0.5)
+            waiting = not done
+        return refused, waiting, parent.token, await waiter
+
+    refused, waiting, parent_token, child_token = run(main())
+    assert refused == "refused"
+    assert waiting, "the child task entered its parent's lock"
+    assert child_token == parent_token + 1
+    assert backend.read(lease_name) is None
+
+
+def test_two_coroutines_on_one_loop_never_both_hold(
+    backend: Backend, lease_name: str, fast_retry: None
+) -> None:
+    """Six tasks on one loop, five rounds each, contend for one alock(): at no instant are
+    two inside, and the fencing tokens grow with each entry."""
+    tasks, rounds = 6, 5
+    inside = [0]
+    most = [0]
+    tokens: list[int] = []
+
+    async def contender() -> None:
+        for _ in range(rounds):
+            async with alock(lease_name, ttl=30, timeout=6 * WAIT, backend=backend) as lease:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                tokens.append(lease.token)
+                # Stay inside over several loop turns, so that an overlap would show.
+                for _ in range(3):
+                    await asyncio.sleep(0.005)
+                inside[0] -= 1
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(*(contender() for _ in range(tasks)))
+
+    run(main())
+    assert most[0] == 1, f"{most[0]} tasks were inside at once"
+    assert len(tokens) == tasks * rounds
+    assert tokens == sorted(set(tokens)), tokens  # strictly increasing, in entry order
+    assert backend.read(lease_name) is None
+    granted = [e[3] for e in history(backend, lease_name) if e[0] in ("acquired", "taken_over")]
+    assert sorted(granted) == tokens
+
+
+def test_cancelled_waiter_leaves_nothing_held(
+    backend: Backend, lease_name: str, fast_retry: None
+) -> None:
+    """A waiting task is cancelled while the lease is held elsewhere, and (five times) just
+    as it is released: every time, the name is free afterwards (a grant that arrived after
+    the cancellation was handed back) and acquirable at once."""
+
+    async def wait_for_it(entered: list[int]) -> None:
+        async with alock(lease_name, ttl=30, timeout=6 * WAIT, backend=backend) as lease:
+            entered.append(lease.token)
+            await asyncio.sleep(3600)
+
+    async def one_round(release_first: bool) -> list[int]:
+        other, _ = await in_thread(backend, backend.acquire, lease_name, "someone-else", 30)
+        assert other is not None
+        entered: list[int] = []
+        waiter = asyncio.create_task(wait_for_it(entered))
+        await asyncio.sleep(0.2)  # let it start waiting
+        if release_first:
+            await in_thread(backend, backend.release, other)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        if not release_first:
+            await in_thread(backend, backend.release, other)
+        # A late grant is handed back: the name becomes free.
+        give_up = time.monotonic() + WAIT
+        while (current := await read(backend, lease_name)) is not None:
+            assert time.monotonic() < give_up, f"still held after the cancel: {current}"
+            await asyncio.sleep(0.05)
+        async with alock(lease_name, blocking=False, backend=backend) as lease:
+            assert lease.held
+        return entered
+
+    async def main() -> list[list[int]]:
+        return [await one_round(release_first) for release_first in (False, *[True] * 5)]
+
+    outcomes = run(main())
+    assert outcomes[0] == [], "entered a lease held elsewhere"
+    assert backend.read(lease_name) is None
+
+
+def test_alock_released_when_block_raises(backend: Backend, lease_name: str) -> None:
+    async def main() -> None:
+        async with alock(lease_name, ttl=30, backend=backend):
+            raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        run(main())
+    assert backend.read(lease_name) is None
+
+
+# -- renewal and the deadline, with the loop blocked -----------------------------------------
+def test_renewed_while_the_loop_is_blocked(backend: Backend, lease_name: str) -> None:
+    """A synchronous call blocks the loop for 2.5 TTLs: the session thread renews the lease
+    meanwhile, so it is still held, by the same token, afterwards."""
+
+    async def main() -> tuple[Lease, Any, bool, Lease | None]:
+        async with alock(lease_name, ttl=1.0, backend=backend) as lease:
+            first_expiry = lease.expires_at
+            time.sleep(2.5)  # blocks the event loop (the fault tested)
+            held = lease.held and not lease.lost.is_set()
+            return lease, first_expiry, held, await read(backend, lease_name)
+
+    lease, first_expiry, held, seen = run(main())
+    assert held, lease.lost_reason
+    assert lease.expires_at > first_expiry
+    assert seen is not None and seen.token == lease.token
+    assert backend.read(lease_name) is None
+
+
+def test_deadline_is_kept_while_the_loop_is_blocked(backend: Backend, lease_name: str) -> None:
+    """Renewals hang, and the loop is blocked (a synchronous wait): ``lease.lost`` is set
+    and ``lease.held`` false at the deadline all the same."""
+    faulty = FaultyBackend(backend)
+
+    async def main() -> tuple[bool, bool, Lease]:
+        async with alock(lease_name, ttl=1.0, backend=faulty) as lease:
+            faulty.hang_renew.set()
+            lost = lease.lost.wait(WAIT)  # blocks the event loop
+            held = lease.held
+            faulty.unblock.set()
+            return lost, held, lease
+
+    lost, held, lease = run(main())
+    assert lost, "lease.lost never set while the loop was blocked"
+    assert not held
+    with pytest.raises(LeadershipLost):
+        lease.check()
+
+
+def test_wait_lost(backend: Backend, lease_name: str) -> None:
+    """``await lease.wait_lost()``: False after its timeout while held, True once the
+    lease is lost (force-released from outside), without blocking the loop."""
+
+    async def main() -> tuple[bool, bool, int, Lease]:
+        ticker = Ticker().start()
+        try:
+            async with alock(lease_name, ttl=1.0, backend=backend) as lease:
+                early = await lease.wait_lost(0.3)
+                ticks = ticker.ticks
+                forced = await in_thread(backend, backend.force_release, lease_name)
+                assert forced is not None and forced.token == lease.token
+                late = await lease.wait_lost(WAIT)
+            return early, late, ticks, lease
+        finally:
+            await ticker.stop()
+
+    early, late, ticks, lease = run(main())
+    assert early is False
+    assert ticks >= 5, ticks  # the loop turned during the 0.3 s wait
+    assert late is True
+    assert lease.lost.is_set() and not lease.held
+
+
+# -- afenced() -------------------------------------------------------------------------------
+def test_afenced_write_commits_while_held(backend: Backend, lease_name: str) -> None:
+    using, alias = fence_using(backend)
+
+    async def main() -> tuple[Lease, int]:
+        async with alock(lease_name, ttl=30, backend=backend) as lease:
+            pk = await lease.afenced(
+                write_row, alias, lease_name, lease.token, note="held", using=using
+            )
+            await asyncio.to_thread(connections.close_all)
+            return lease, pk
+
+    lease, pk = run(main())
+    assert written(alias, lease_name) == [(lease.token, "held")]
+    assert FencedWrite.objects.using(alias).get(pk=pk).token == lease.token
+
+
+def test_afenced_write_rejected_after_takeover(backend: Backend, lease_name: str) -> None:
+    """The lease is force-released and taken by a successor, who writes: the old holder's
+    afenced() raises LeadershipLost, with its own lease and with a copy that does not know
+    it lost (only the database's lease row or fence row can refuse that one)."""
+    using, alias = fence_using(backend)
+
+    def take_over() -> Lease:
+        backend.force_release(lease_name, actor="test")
+        # Taken once the force-released term is over (its lock-delay: at most the TTL).
+        successor = wait_until(
+            lambda: acquire_once(backend, lease_name, "bob", resolve_timing(30))[0],
+            timeout=WAIT,
+            message="the successor never got the lease",
+        )
+        with successor.fenced(using=using):
+            write_row(alias, lease_name, successor.token, "successor")
+        return successor
+
+    async def main() -> tuple[Lease, Lease, list[str]]:
+        outcomes = []
+        async with alock(lease_name, ttl=1.0, backend=backend) as lease:
+            await lease.afenced(write_row, alias, lease_name, lease.token, "before", using=using)
+            unaware = dataclasses.replace(
+                lease, lost=threading.Event(), lost_reason="", deadline=clock() + 60
+            )
+            successor = await in_thread(backend, take_over)
+            for held, note in ((lease, "after"), (unaware, "after-unaware")):
+                try:
+                    await held.afenced(write_row, alias, lease_name, held.token, note, using=using)
+                    outcomes.append("committed")
+                except LeadershipLost:
+                    outcomes.append("rejected")
+        await in_thread(backend, backend.release, successor)
+        await asyncio.to_thread(connections.close_all)
+        return lease, successor, outcomes
+
+    lease, successor, outcomes = run(main())
+    assert outcomes == ["rejected", "rejected"]
+    assert successor.token > lease.token
+    assert written(alias, lease_name) == [(lease.token, "before"), (successor.token, "successor")]
+
+
+# -- AsyncElector ----------------------------------------------------------------------------
+class RecordingElector(AsyncElector):
+    """Records its async callbacks, and whether each ran on the loop that started it."""
+
+    events: list[tuple[str, str, int, bool]]
+    loop: asyncio.AbstractEventLoop
+
+    def _note(self, kind: str, lease: Lease) -> None:
+        on_loop = asyncio.get_running_loop() is self.loop
+        self.events.append((kind, lease.holder, lease.token, on_loop))
+
+    async def on_elected(self, lease: Lease) -> None:
+        self._note("elected", lease)
+
+    async def on_lost(self, lease: Lease) -> None:
+        self._note("lost", lease)
+
+    async def on_new_leader(self, lease: Lease) -> None:
+        self._note("new_leader", lease)
+
+
+def recording(name: str, identity: str, backend: Backend, **timing: Any) -> RecordingElector:
+    elector = RecordingElector(name, identity=identity, backend=backend, **{**FAST, **timing})
+    elector.events = []
+    elector.loop = asyncio.get_running_loop()
+    return elector
+
+
+def test_async_elector_elected_then_stop_hands_over(backend: Backend, lease_name: str) -> None:
+    async def main() -> dict[str, Any]:
+        first = recording(lease_name, "first", backend)
+        second = recording(lease_name, "second", backend, retry_interval=0.05)
+        try:
+            await first.start()
+            assert await first.wait_for_leadership(WAIT)
+            assert first.is_leader and first.lease is not None
+            assert first.name == lease_name and first.identity == "first"
+            token = first.lease.token
+            leader = await first.leader()
+            await second.start()
+            assert not await second.wait_for_leadership(0.5)
+            await eventually(lambda: second.events, "second's on_new_leader")
+            await first.stop()
+            stopped = (first.is_leader, first.lease)
+            assert await second.wait_for_leadership(WAIT)
+            await eventually(
+                lambda: any(e[0] == "elected" for e in second.events), "second's on_elected"
+            )
+            await eventually(lambda: len(first.events) == 2, "first's on_lost")
+            return {
+                "token": token,
+                "leader": leader,
+                "stopped": stopped,
+                "first": first.events,
+                "second": second.events,
+                "second_token": second.lease.token,
+            }
+        finally:
+            await first.stop()
+            await second.stop()
+
+    out = run(main())
+    token = out["token"]
+    assert out["leader"] is not None and (out["leader"].holder, out["leader"].token) == (
+        "first",
+        token,
+    )
+    assert out["stopped"] == (False, None)
+    assert out["first"] == [("elected", "first", token, True), ("lost", "first", token, True)]
+    assert out["second"][0] == ("new_leader", "first", token, True)
+    assert ("elected", "second", token + 1, True) in out["second"]
+    assert out["second_token"] == token + 1
+    kinds = [event[:2] for event in history(backend, lease_name)]
+    assert kinds[:3] == [("acquired", "first"), ("released", "first"), ("acquired", "second")]
+
+
+def test_async_with_async_elector(backend: Backend, lease_name: str) -> None:
+    async def main() -> tuple[AsyncElector, Lease | None]:
+        async with AsyncElector(lease_name, identity="ctx", backend=backend, **FAST) as elector:
+            assert await elector.wait_for_leadership(WAIT)
+            seen = await read(backend, lease_name)
+        return elector, seen
+
+    elector, seen = run(main())
+    assert seen is not None and seen.holder == "ctx"
+    assert not elector.is_leader
+    assert backend.read(lease_name) is None  # exiting stopped it and released
+
+
+def test_async_work_runs_on_the_loop_and_stop_waits_for_it(
+    backend: Backend, lease_name: str
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+
+        async def work(lease: Lease) -> None:
+            seen["lease"] = lease
+            seen["on_loop"] = asyncio.get_running_loop() is loop
+            started.set()
+            try:
+                await lease.wait_lost()
+            finally:
+                # Winding down takes a moment: stop() must wait for it, lease held.
+                seen["while_winding_down"] = await read(backend, lease_name)
+                await asyncio.sleep(0.2)
+                seen["finished"] = True
+
+        elector = AsyncElector(lease_name, identity="w", backend=backend, **FAST)
+        await elector.start(work)
+        try:
+            await asyncio.wait_for(started.wait(), WAIT)
+            seen["elector_lease"] = elector.lease
+        finally:
+            await elector.stop()
+        seen["finished_at_stop"] = seen.get("finished", False)
+
+    run(main())
+    assert seen["on_loop"]
+    assert seen["lease"] is seen["elector_lease"]
+    assert seen["finished_at_stop"], "stop() returned before the work did"
+    assert seen["while_winding_down"].token == seen["lease"].token
+    assert backend.read(lease_name) is None  # released after the work returned
+
+
+def test_async_work_is_cancelled_when_leadership_is_lost(backend: Backend, lease_name: str) -> None:
+    """The lease is force-released from outside: the elector loses it, its async work is
+    cancelled (on the loop) and on_lost runs."""
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        started = asyncio.Event()
+        cancelled = asyncio.Event()
+
+        async def work(lease: Lease) -> None:
+            seen["lease"] = lease
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                seen["lost_when_cancelled"] = lease.lost.is_set() or not lease.held
+                cancelled.set()
+                raise
+
+        # A long retry interval: it does not campaign again before the test looks.
+        elector = recording(lease_name, "victim", backend, retry_interval=5.0)
+        await elector.start(work)
+        try:
+            await asyncio.wait_for(started.wait(), WAIT)
+            forced = await in_thread(backend, backend.force_release, lease_name)
+            assert forced is not None and forced.token == seen["lease"].token
+            await asyncio.wait_for(cancelled.wait(), WAIT)
+            await eventually(lambda: any(e[0] == "lost" for e in elector.events), "on_lost")
+            seen["events"] = list(elector.events)
+        finally:
+            await elector.stop()
+
+    run(main())
+    token = seen["lease"].token
+    assert seen["lost_when_cancelled"]
+    assert seen["events"][:2] == [
+        ("elected", "victim", token, True),
+        ("lost", "victim", token, True),
+    ]
+
+
+# -- observe() -------------------------------------------------------------------------------
+def test_async_observe_sees_the_holder_then_a_change(backend: Backend, lease_name: str) -> None:
+    first, _ = backend.acquire(lease_name, "alice", 30)
+    assert first is not None
+    seen_first = threading.Event()
+
+    def hand_over() -> None:
+        try:
+            if seen_first.wait(WAIT):
+                backend.release(first)
+                backend.acquire(lease_name, "bob", 30)
+        finally:
+            backend.close()
+
+    async def main() -> tuple[list[tuple[str, int] | None], int]:
+        ticker = Ticker().start()
+        thread = threading.Thread(target=hand_over)
+        thread.start()
+        seen: list[tuple[str, int] | None] = []
+        ticks_at_first = 0
+        try:
+            async for lease in observe(lease_name, backend=backend, interval=0.1):
+                seen.append(None if lease is None else (lease.holder, lease.token))
+                if len(seen) == 1:
+                    ticks_at_first = ticker.ticks
+                    seen_first.set()
+                if lease is not None and lease.holder == "bob":
+                    break
+            return seen, ticker.ticks - ticks_at_first
+        finally:
+            seen_first.set()
+            await ticker.stop()
+            await asyncio.to_thread(thread.join, WAIT)
+
+    seen, ticks = run(main())
+    assert seen[0] == ("alice", first.token)
+    assert seen[-1] is not None and seen[-1][0] == "bob" and seen[-1][1] > first.token
+    assert seen[1:-1] in ([], [None]), seen  # the free lease may be seen in between
+    assert ticks >= 1, "the loop never turned while observe() waited for the change"
+
+
+def test_async_observe_aclose(backend: Backend, lease_name: str) -> None:
+    async def main() -> tuple[Lease | None, bool]:
+        watching = observe(lease_name, backend=backend, interval=0.1)
+        first = await watching.__anext__()
+        await watching.aclose()
+        try:
+            await watching.__anext__()
+        except StopAsyncIteration:
+            return first, True
+        return first, False
+
+    first, ended = run(main())
+    assert first is None  # nobody holds it
+    assert ended, "observe() yielded again after aclose()"
