@@ -116,9 +116,9 @@ chaos: venv
 	done; exit $$status
 
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health
-# and metrics), on the interpreters pyenv or the system provides; a missing one is skipped.
+# and metrics, asyncio), on the interpreters pyenv or the system provides; a missing one is skipped.
 COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py tests/unit/test_conf.py \
-	tests/components/test_lock.py tests/components/test_observability.py
+	tests/components/test_lock.py tests/components/test_observability.py tests/components/test_async.py
 COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
 	prometheus-client kazoo
 # pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.

@@ -1,7 +1,8 @@
 """django-leader: leader election and distributed locks for Django, with leases in your
 database or Redis.
 
-Public names: :class:`Elector`, :func:`lock`, :func:`observe`, :class:`Lease`,
+Public names: :class:`Elector`, :func:`lock`, :func:`observe`, :class:`Lease`, and for
+asyncio :func:`alock` and :class:`AsyncElector`,
 :func:`current_lease`, the election's :class:`Mode` and :class:`Candidate`, and the
 exceptions :class:`LeaderError`, :class:`LeaseHeld`, :class:`LeadershipLost`,
 :class:`BackendUnavailable`.
@@ -9,6 +10,7 @@ exceptions :class:`LeaderError`, :class:`LeaseHeld`, :class:`LeadershipLost`,
 
 from __future__ import annotations
 
+from .async_elector import AsyncElector
 from .election import Candidate, Mode
 from .elector import Elector
 from .exceptions import (
@@ -19,12 +21,13 @@ from .exceptions import (
     NotSupportedError,
 )
 from .lease import Lease, current_lease
-from .locks import lock
+from .locks import alock, lock
 from .observe import observe
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AsyncElector",
     "BackendUnavailable",
     "Candidate",
     "Elector",
@@ -34,6 +37,7 @@ __all__ = [
     "LeaseHeld",
     "Mode",
     "NotSupportedError",
+    "alock",
     "current_lease",
     "lock",
     "observe",

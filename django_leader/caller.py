@@ -4,6 +4,7 @@ own, each waited for only up to a hard bound, so that a hung store never hangs i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
@@ -144,6 +145,14 @@ class Caller(Protocol):
         on_late: Callable[[T], None] | None = None,
     ) -> T: ...
 
+    async def acall(
+        self,
+        timeout: float,
+        fn: Callable[..., T],
+        *args: Any,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T: ...
+
 
 class StoreCaller:
     """Runs store calls on a worker thread of its own, each with a hard bound.
@@ -203,6 +212,77 @@ class StoreCaller:
         result: T = call.future.result()
         return result
 
+    async def acall(
+        self,
+        timeout: float,
+        fn: Callable[..., T],
+        *args: Any,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T:
+        """:meth:`call` for a coroutine: the event loop runs on while the worker calls the
+        store. ``TimeoutError`` after ``timeout``, as :meth:`call`. Should the awaiting task
+        be cancelled, the call is given up: ``on_late(result)`` runs (on the worker) should
+        it succeed after all, or right away if it already had."""
+        call = self._submit(fn, args, timeout, on_late)
+        give_up = clock() + max(0.0, timeout)
+        done = asyncio.wrap_future(call.future)
+        try:
+            while not done.done():
+                with self._cond:
+                    now = clock()
+                    if now >= give_up:
+                        if not call.finished:
+                            self._give_up(call)
+                            raise TimeoutError(
+                                f"store call {getattr(fn, '__name__', fn)} still running "
+                                f"after {timeout:.2f}s"
+                            )
+                        wake = now + 0.001  # finished: its future is being set
+                    else:
+                        wake = self._next_check(call, now, give_up)
+                await asyncio.wait({done}, timeout=max(0.0, wake - now))
+        except asyncio.CancelledError:
+            # Nobody will act on the outcome: hand it to on_late, as for a late answer.
+            done.add_done_callback(_swallow)
+            with self._cond:
+                finished = call.finished
+                if not finished:
+                    self._give_up(call, abandon=False)
+            future = call.future
+            answered = finished and not future.cancelled() and future.exception() is None
+            if answered and on_late is not None:
+                self.submit(on_late, future.result())
+            raise
+        result: T = done.result()
+        return result
+
+    def _next_check(self, call: _Call, now: float, give_up: float) -> float:
+        """When a waiter of ``call`` should look again (call with ``_cond`` held): at its
+        give-up time, or when the call running ahead of it outlives its bound — then, moved
+        to a new worker, ``call`` waits for no hung one."""
+        wake = give_up
+        worker = call.worker
+        running = worker.running
+        if running is not None and running is not call:
+            if worker.hung(now):
+                self._abandon(worker)
+                return now
+            if running.bound is not None and running.started is not None:
+                wake = min(wake, running.started + running.bound)
+        return wake
+
+    def _give_up(self, call: _Call, abandon: bool = True) -> None:
+        """Stop waiting for ``call`` (with ``_cond`` held): a queued call is dropped; a
+        running one is left to its worker (``abandon``: with its connection, the next
+        calls moving to a new worker), and its late success goes to ``on_late``."""
+        call.given_up = True
+        if call.started is None:
+            with suppress(ValueError):
+                call.worker.queue.remove(call)
+            call.future.cancel()
+        elif abandon:
+            self._abandon(call.worker)
+
     def _submit(
         self,
         fn: Callable[..., Any],
@@ -236,25 +316,10 @@ class StoreCaller:
                 if call.finished:
                     return True
                 now = clock()
-                worker = call.worker
                 if now >= give_up:
-                    call.given_up = True
-                    if call.started is None:
-                        with suppress(ValueError):
-                            worker.queue.remove(call)
-                        call.future.cancel()
-                    else:
-                        self._abandon(worker)
+                    self._give_up(call)
                     return False
-                wake = give_up
-                running = worker.running
-                if running is not None and running is not call:
-                    if worker.hung(now):
-                        self._abandon(worker)  # ours moves to a new worker
-                        continue
-                    if running.bound is not None and running.started is not None:
-                        wake = min(wake, running.started + running.bound)
-                self._cond.wait(max(0.0, wake - now))
+                self._cond.wait(max(0.0, self._next_check(call, now, give_up) - now))
 
     def _new_worker(self) -> _Worker:
         self._workers += 1
@@ -336,3 +401,9 @@ class StoreCaller:
         self.close()
         if wait:
             self.join()
+
+
+def _swallow(future: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a future nobody awaits any more (no "never retrieved")."""
+    if not future.cancelled():
+        future.exception()

@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from contextlib import suppress
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from . import hooks, signals
+from . import aio, hooks, signals
 from .backends.base import Backend, Watch
 from .caller import Caller
 from .conf import (
@@ -79,6 +81,10 @@ class Elector:
     If ``work`` returns while still elected, the elector stays leader; if it raises, the
     elector releases the lease and campaigns again after ``retry_interval``.
 
+    From asyncio code, see :class:`~django_leader.AsyncElector`; an Elector started from a
+    coroutine also runs a coroutine function ``work`` and coroutine callbacks on that
+    loop, and ``await elector.wait_for_leadership()`` / ``await elector.stop()`` there.
+
     Callbacks ``on_elected(lease)``, ``on_lost(lease)`` (leadership ended, for any reason)
     and ``on_new_leader(lease)`` (a different holder was observed, this one included) can
     be passed as keyword arguments or defined by a subclass; they run in the campaign
@@ -127,9 +133,15 @@ class Elector:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._elected = threading.Event()
+        # Coroutines in wait_for_leadership(): woken (from the campaign thread) at each
+        # election.
+        self._elected_waiters: list[Callable[[], None]] = []
+        # The event loop that started this elector, if any: coroutine work and callbacks
+        # run there.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._release_on_stop = True
         self._running = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._thread: _CampaignThread | None = None
         # The thread in _run() and an Event of that run, set once it has ended for good
         # (the lease released, _running free again), both under _state.
         self._state = threading.Lock()
@@ -162,13 +174,13 @@ class Elector:
         return f"<Elector {self.name!r} as {self.identity!r} ({self.mode})>"
 
     # -- callbacks (override or pass as keyword arguments) --------------------------------
-    def on_elected(self, lease: Lease) -> None:
+    def on_elected(self, lease: Lease) -> Any:
         """Called when this elector becomes leader."""
 
-    def on_lost(self, lease: Lease) -> None:
+    def on_lost(self, lease: Lease) -> Any:
         """Called when this elector's leadership ends (lost, or stopped)."""
 
-    def on_new_leader(self, lease: Lease) -> None:
+    def on_new_leader(self, lease: Lease) -> Any:
         """Called when a new holder of the lease is observed (this elector included)."""
 
     # -- state ----------------------------------------------------------------------------
@@ -215,7 +227,17 @@ class Elector:
         return None if lost_at is None else max(0.0, clock() - lost_at)
 
     def wait_for_leadership(self, timeout: float | None = None) -> bool:
-        """Block until this elector leads (True) or ``timeout`` passes (False)."""
+        """Block until this elector leads (True) or ``timeout`` passes (False).
+
+        Called from a coroutine, it returns an awaitable instead, so as not to block the
+        event loop: ``await elector.wait_for_leadership(5)``."""
+        if aio.running_loop() is not None:
+            return cast(
+                bool,
+                aio.Awaited(
+                    lambda: self._await_leadership(timeout), "Elector.wait_for_leadership()"
+                ),
+            )
         give_up = None if timeout is None else clock() + timeout
         while True:
             remaining = None if give_up is None else give_up - clock()
@@ -226,14 +248,41 @@ class Elector:
             if self._elected.is_set():  # elected flag stale for a moment: poll briefly
                 time.sleep(0.01)
 
+    async def _await_leadership(self, timeout: float | None) -> bool:
+        """:meth:`wait_for_leadership` for a coroutine: woken by the campaign thread."""
+        woken = asyncio.Event()
+        wake = aio.waker(asyncio.get_running_loop(), woken)
+        with self._state:
+            self._elected_waiters.append(wake)
+        give_up = None if timeout is None else clock() + timeout
+        try:
+            while True:
+                woken.clear()  # an election from now on wakes the wait below
+                if self.is_leader:
+                    return True
+                remaining = None if give_up is None else give_up - clock()
+                if remaining is not None and remaining <= 0:
+                    return False
+                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
+                    await asyncio.wait_for(woken.wait(), remaining)
+        finally:
+            with self._state, suppress(ValueError):
+                self._elected_waiters.remove(wake)
+
     # -- running --------------------------------------------------------------------------
-    def start(self, work: Work | None = None) -> threading.Thread:
-        """Campaign in a background (daemon) thread; returns the thread."""
+    def start(self, work: Work | None = None) -> _CampaignThread:
+        """Campaign in a background (daemon) thread; returns the thread.
+
+        Started from a coroutine, the elector belongs to that event loop: a coroutine
+        function ``work`` runs there as a task (cancelled when leadership ends), and so do
+        coroutine callbacks; ``await elector.start()`` is allowed. See
+        :class:`~django_leader.AsyncElector` for an API that is awaitable throughout."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError(f"{self!r} is already running")
         self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(work,), name=f"leader-elector:{self.name}", daemon=True
+        loop = aio.running_loop()
+        self._thread = _CampaignThread(
+            target=self._run, args=(work, loop), name=f"leader-elector:{self.name}", daemon=True
         )
         self._thread.start()
         return self._thread
@@ -244,6 +293,10 @@ class Elector:
         ``timeout`` seconds for the campaign to end (the thread of :meth:`start`, or the
         one in :meth:`run`) — unless called from that thread, the work or a callback, which
         must return first (then it only asks, and returns).
+
+        From a coroutine it does not wait (that would block the event loop, which may be
+        running the work): it asks, and returns an awaitable — ``await elector.stop()``
+        waits without blocking the loop.
 
         From a signal handler, prefer setting a flag that your main thread turns into
         ``stop()``: a handler that interrupts code holding the same lock can deadlock."""
@@ -256,11 +309,30 @@ class Elector:
         thread = self._thread
         if threading.current_thread() in (campaigning, thread, self._worker):
             return  # the campaign ends once this call's caller returns
+        loop = aio.running_loop()
+        if loop is not None:
+            # A coroutine: waiting here would block the loop, which may be running the
+            # work the campaign waits for. ``await elector.stop()`` waits without blocking.
+            return cast(
+                None,
+                aio.Awaited(lambda: self._await_stop(release, timeout, loop), "Elector.stop()"),
+            )
         give_up = None if timeout is None else clock() + timeout
         if ended is not None:
             ended.wait(timeout)
         if thread is not None:  # start()'s thread: until it is gone, so start() may follow
             thread.join(None if give_up is None else max(0.0, give_up - clock()))
+
+    async def _await_stop(
+        self, release: bool, timeout: float | None, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """The wait of :meth:`stop` for a coroutine, in a thread of the loop's executor."""
+        if asyncio.current_task() in self._work_tasks():
+            return  # the work itself: the campaign ends once it returns
+        await loop.run_in_executor(None, functools.partial(self.stop, release, timeout))
+
+    def _work_tasks(self) -> set[asyncio.Task[Any]]:
+        return aio.terms_of(self)
 
     def resign(self, backoff: float | None = None) -> None:
         """Step down now: set ``lease.lost``, wait for the work to return, release the lease,
@@ -292,13 +364,15 @@ class Elector:
         self._wake.set()
 
     def run(self, work: Work | None = None) -> None:
-        """Campaign until :meth:`stop`; each time elected, run ``work(lease)`` in a thread."""
+        """Campaign until :meth:`stop`; each time elected, run ``work(lease)`` in a thread
+        (a coroutine function ``work``: on an event loop of that thread's own)."""
         self._stop.clear()
         self._run(work)
 
-    def _run(self, work: Work | None) -> None:
+    def _run(self, work: Work | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if not self._running.acquire(blocking=False):
             raise RuntimeError(f"{self!r} is already running")
+        self._loop = loop
         # Its store calls run on the process's session for the store, with every other
         # Elector's and lock's: threads and connections do not grow with the electors.
         caller: Caller = session_of(self.backend)
@@ -650,6 +724,10 @@ class Elector:
         lease._beat = clock()  # the watchdog counts from the election
         term.begin()
         self._elected.set()
+        with self._state:
+            waiters = list(self._elected_waiters)
+        for wake in waiters:
+            wake()
         self._callback(self.on_elected, lease)
         term.signal_elected()
 
@@ -822,7 +900,9 @@ class Elector:
     def _run_work(self, work: Work, lease: Lease) -> None:
         try:
             with _use_lease(lease):
-                work(lease)
+                outcome = work(lease)
+                if inspect.isawaitable(outcome):  # a coroutine function's
+                    aio.run_term(outcome, lease, self._loop, self, repr(self))
         except BaseException as exc:  # reported, then leadership is handed on
             logger.exception("work for %r raised", self.name, extra=log_extra(lease))
             self._work_error = exc
@@ -830,6 +910,17 @@ class Elector:
 
     def _callback(self, callback: Callback, lease: Lease) -> None:
         try:
-            callback(lease)
+            outcome = callback(lease)
+            if inspect.isawaitable(outcome):  # a coroutine function's
+                aio.call_back(outcome, self._loop, repr(self))
         except Exception:
             logger.exception("callback %r for %r raised", callback, self.name)
+
+
+class _CampaignThread(threading.Thread):
+    """The thread of :meth:`Elector.start`; ``await elector.start()`` is allowed (it has
+    started already)."""
+
+    def __await__(self) -> Generator[Any, None, _CampaignThread]:
+        return self
+        yield  # a generator: awaiting it returns at once

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from .exceptions import LeadershipLost
 
@@ -72,6 +74,9 @@ class Fence(Protocol):
     ) -> AbstractContextManager[None]: ...
 
 
+T = TypeVar("T")
+
+
 def _boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
@@ -122,6 +127,8 @@ class Lease:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     #: ``clock()`` of the last :meth:`heartbeat` (the watchdog of an Elector reads it).
     _beat: float | None = field(default=None, repr=False, compare=False)
+    #: Callbacks that wake the coroutines in :meth:`wait_lost` (from any thread).
+    _waiters: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def held(self) -> bool:
@@ -174,6 +181,60 @@ class Lease:
         # third-party store's own ``fenced(lease)`` keeps working).
         return self._fence(self) if using is None else self._fence(self, using=using)
 
+    async def afenced(
+        self, fn: Callable[..., T], /, *args: Any, using: str | None = None, **kwargs: Any
+    ) -> T:
+        """``fn(*args, **kwargs)`` inside :meth:`fenced` (``using``: the database), for a
+        coroutine: run in Django's thread for synchronous code (asgiref's
+        ``sync_to_async``, ``thread_sensitive=True``), where the ORM may be used, while the
+        event loop runs on. Returns what ``fn`` returns; raises :class:`LeadershipLost` as
+        :meth:`fenced` does (nothing ``fn`` wrote is committed then)."""
+        from asgiref.sync import sync_to_async
+
+        def fenced_call() -> T:
+            with self.fenced(using):
+                return fn(*args, **kwargs)
+
+        return await sync_to_async(fenced_call, thread_sensitive=True)()
+
+    async def wait_lost(self, timeout: float | None = None) -> bool:
+        """Wait, without blocking the event loop, until this process no longer holds the
+        lease (True) or ``timeout`` seconds pass (False): ``lease.lost.wait()`` for a
+        coroutine. The loss is decided by the session thread (a refused renewal, the local
+        deadline) whatever the loop is doing; this only hears of it."""
+        if self.lost.is_set():
+            return True
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # on whichever thread marks the lease lost
+            with suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(woken.set)
+
+        with self._lock:
+            if self.lost.is_set():
+                return True
+            self._waiters.append(wake)
+        give_up = None if timeout is None else clock() + timeout
+        try:
+            while True:
+                if self.deadline is not None and not self.held:  # held marks it lost
+                    return True
+                if self.lost.is_set():
+                    return True
+                now = clock()
+                wait = None if give_up is None else give_up - now
+                if wait is not None and wait <= 0:
+                    return False
+                if self.deadline is not None:  # look again as the deadline passes
+                    until_deadline = max(0.0, self.deadline - now) + 0.001
+                    wait = until_deadline if wait is None else min(wait, until_deadline)
+                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
+                    await asyncio.wait_for(woken.wait(), wait)
+        finally:
+            with self._lock, suppress(ValueError):
+                self._waiters.remove(wake)
+
     def heartbeat(self) -> None:
         """Tell the Elector's watchdog that the work is alive (``Elector(watchdog=S)``: a
         work that goes S seconds without calling this is deemed stuck, and the elector
@@ -189,7 +250,10 @@ class Lease:
             self.lost_cause = cause
             self.lost_reason = f"{cause.value}: {detail}" if detail else cause.value
             self.lost.set()
-            return True
+            waiters = list(self._waiters)
+        for wake in waiters:
+            wake()
+        return True
 
     def _update(self, other: Lease, deadline: float) -> bool:
         """Take a renewal's times and new deadline, unless the deadline has already passed

@@ -1,4 +1,5 @@
-"""``lock()``: a term held for a ``with`` block, reentrant per thread and asyncio task.
+"""``lock()`` and ``alock()``: a term held for a ``with`` / ``async with`` block, reentrant
+per thread and asyncio task.
 
 The term itself (grant, renewal, release, signals) is :mod:`django_leader.term`'s.
 """
@@ -10,6 +11,8 @@ import contextvars
 import logging
 import os
 import threading
+from collections.abc import Callable
+from contextlib import suppress
 from types import TracebackType
 from typing import Any
 
@@ -18,11 +21,13 @@ from .caller import Caller
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
 from .exceptions import BackendUnavailable, LeaseHeld
 from .lease import Lease, clock
+from .session import Session
 from .session import session as session_of
 from .term import (
     Renewer,
     StoreCaller,
     Term,
+    aattempt,
     acquire_once,
     attempt,
     call_bound,
@@ -36,6 +41,7 @@ __all__ = [
     "Renewer",
     "StoreCaller",
     "acquire_once",
+    "alock",
     "call_bound",
     "lock",
     "log_extra",
@@ -141,15 +147,34 @@ class Lock:
         owner = _owner()
         outer = _holds.get().get(self.name)
         if outer is not None and outer.owned_by(owner):
-            outer.lease.check()
-            outer.depth += 1
-            self.lease = outer.lease
-            return outer.lease
+            return self._reenter(outer)
+        caller = self._caller()
+        return self._hold(self._acquire(caller), caller, owner, outer)
+
+    async def __aenter__(self) -> Lease:
+        """``async with``: as ``with``, but waiting and store calls never block the event
+        loop; reentrant per asyncio task (see :func:`~django_leader.alock`)."""
+        owner = _owner()
+        outer = _holds.get().get(self.name)
+        if outer is not None and outer.owned_by(owner):
+            return self._reenter(outer)
+        caller = self._caller()
+        return self._hold(await self._aacquire(caller), caller, owner, outer)
+
+    def _reenter(self, outer: _Hold) -> Lease:
+        outer.lease.check()
+        outer.depth += 1
+        self.lease = outer.lease
+        return outer.lease
+
+    def _caller(self) -> Session:
         if self._own_identity:  # a Lock made before a fork must not use the parent's
             self.identity = default_identity()
         # Every lock of the process on this store shares one caller and one renewal loop.
-        caller = session_of(self.backend)
-        lease = self._acquire(caller)
+        return session_of(self.backend)
+
+    def _hold(self, lease: Lease, caller: Caller, owner: _Owner, outer: _Hold | None) -> Lease:
+        """Hold a granted lease: its term begins (renewed by the session from now on)."""
         self.lease = lease
         # A loss is signalled at once, by the renewer: the block's thread runs user code.
         term = Term(
@@ -179,15 +204,41 @@ class Lock:
                 if lease is not None:
                     return lease
                 if watch is None:
-                    watch = self._watch(woken)
+                    watch = self._watch(woken.set)
                 woken.wait(pause)
         finally:
             if watch is not None:
                 watch.close()
 
-    def _watch(self, woken: threading.Event) -> Watch:
+    async def _aacquire(self, caller: Caller) -> Lease:
+        """:meth:`_acquire` for a coroutine: the wait for a release is an ``asyncio``
+        wait, woken from the store's watch thread. Cancelled, it leaves nothing held."""
+        give_up = None if self.timeout is None else clock() + self.timeout
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # on the store's watch thread
+            with suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(woken.set)
+
+        watch: Watch | None = None
         try:
-            watch = self.backend.watch(self.name, woken.set)
+            while True:
+                woken.clear()
+                lease, pause = await self._aattempt(caller, give_up)
+                if lease is not None:
+                    return lease
+                if watch is None:
+                    watch = self._watch(wake)
+                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
+                    await asyncio.wait_for(woken.wait(), pause)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _watch(self, wake: Callable[[], None]) -> Watch:
+        try:
+            watch = self.backend.watch(self.name, wake)
         except Exception as exc:  # then it polls
             logger.debug("cannot watch %r for releases, polling: %s", self.name, exc)
             watch = None
@@ -196,20 +247,44 @@ class Lock:
     def _attempt(self, caller: Caller, give_up: float | None) -> tuple[Lease | None, float]:
         """One acquisition: the lease, or (None, how long to wait before the next); raises
         ``LeaseHeld`` when not blocking or out of time."""
+        bound = self._bound(give_up)
+        try:
+            granted = attempt(
+                self.backend, caller, self.name, self.identity, self.timing, bound, self._label
+            )
+        except TimeoutError:
+            raise self._unanswered(bound) from None
+        return self._outcome(*granted, give_up)
+
+    async def _aattempt(self, caller: Caller, give_up: float | None) -> tuple[Lease | None, float]:
+        """:meth:`_attempt` for a coroutine."""
+        bound = self._bound(give_up)
+        try:
+            granted = await aattempt(
+                self.backend, caller, self.name, self.identity, self.timing, bound, self._label
+            )
+        except TimeoutError:
+            raise self._unanswered(bound) from None
+        return self._outcome(*granted, give_up)
+
+    def _bound(self, give_up: float | None) -> float:
         timing = self.timing
         bound = call_bound(timing)
         if give_up is not None:
             bound = min(bound, max(timing.call_timeout, give_up - clock()))
-        try:
-            acquired, current = attempt(
-                self.backend, caller, self.name, self.identity, timing, bound, self._label
-            )
-        except TimeoutError:
-            raise BackendUnavailable(
-                f"lease {self.name!r}: the store did not answer within {bound:.2f}s "
-                "(a frozen server or connection); should the attempt succeed later, "
-                "the lease is released at once"
-            ) from None
+        return bound
+
+    def _unanswered(self, bound: float) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"lease {self.name!r}: the store did not answer within {bound:.2f}s "
+            "(a frozen server or connection); should the attempt succeed later, "
+            "the lease is released at once"
+        )
+
+    def _outcome(
+        self, acquired: Lease | None, current: Lease | None, give_up: float | None
+    ) -> tuple[Lease | None, float]:
+        timing = self.timing
         if acquired is not None:
             return acquired, 0.0
         now = clock()
@@ -238,21 +313,39 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        hold = self._leave()
+        if hold is not None:
+            hold.term.end()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        hold = self._leave()
+        if hold is not None:
+            # Shielded: a task cancelled while it leaves still releases the lease.
+            await asyncio.shield(hold.term.aend())
+
+    def _leave(self) -> _Hold | None:
+        """Leave the block: the hold whose term now ends, or None (an inner block, or a
+        hold inherited across a fork)."""
         hold = _holds.get().get(self.name)
         owner = _owner()
         if hold is not None and hold.owner[0] != owner[0]:
             # Inherited across a fork: the parent's hold. Forget it; never release it.
             _set_hold(self.name, hold.shadowed)
-            return
+            return None
         if hold is None or not hold.owned_by(owner):
             raise RuntimeError(
                 f"lock {self.name!r} exited by a thread or task that did not enter it"
             )
         if hold.depth > 1:
             hold.depth -= 1
-            return
+            return None
         _set_hold(self.name, hold.shadowed)
-        hold.term.end()
+        return hold
 
 
 def lock(
@@ -272,6 +365,35 @@ def lock(
     ``timeout`` seconds), else raise :class:`~django_leader.LeaseHeld`. Reentrant within a
     thread: a nested ``lock()`` of a name this thread holds succeeds at once, and the lease
     is released when the outermost block exits.
+    """
+    return Lock(
+        name, ttl=ttl, blocking=blocking, timeout=timeout, identity=identity, backend=backend
+    )
+
+
+def alock(
+    name: str,
+    *,
+    ttl: float | None = None,
+    blocking: bool = True,
+    timeout: float | None = None,
+    identity: str | None = None,
+    backend: Backend | str | None = None,
+) -> Lock:
+    """Hold lease ``name`` for an ``async with`` block, renewing it in the background.
+
+    ``async with alock("nightly-report") as lease:`` — :func:`lock` for coroutines, with
+    the same arguments and rules. Waiting for the lease and every store call are awaited:
+    the event loop runs other tasks meanwhile. Reentrant per asyncio task: a nested
+    ``alock()`` of a name this task holds succeeds at once; any other task, a task started
+    inside the block included, waits its turn, so two tasks never both hold the lease.
+
+    The renewals, and the local deadline, are kept by the process's session thread, not by
+    the event loop: they go on while the loop is blocked by synchronous code, and
+    ``lease.lost`` is set at the deadline even then. ``await lease.wait_lost()`` waits for
+    it; ``await lease.afenced(fn)`` writes through ``fenced()``. Cancelling a task that waits
+    in ``alock()`` leaves nothing held; a task cancelled inside the block still releases
+    the lease on the way out.
     """
     return Lock(
         name, ttl=ttl, blocking=blocking, timeout=timeout, identity=identity, backend=backend

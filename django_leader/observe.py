@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Generator
+from collections.abc import AsyncGenerator, Generator
+from contextlib import suppress
+from types import TracebackType
 
 from .backends.base import Backend
 from .conf import resolve_timing, validate_name
@@ -15,51 +18,165 @@ from .term import StoreCaller, call_bound, resolve_backend
 logger = logging.getLogger("django_leader")
 
 
+class Observation:
+    """What :func:`~django_leader.observe` returns: an iterator (``for``, ``next()``) and
+    an asynchronous iterator (``async for``, ``anext()``) of the holders of one lease name.
+
+    It is one or the other: the first use decides. Its store connection and watch open on
+    the first step and close with :meth:`close` / :meth:`aclose`, ``break``-ing out of the
+    loop, or the end of a ``with`` / ``async with`` block.
+    """
+
+    def __init__(self, name: str, backend: Backend | str | None, interval: float | None) -> None:
+        self.name = validate_name(name)
+        self.timing = resolve_timing()
+        self.interval = self.timing.retry_interval if interval is None else float(interval)
+        if not self.interval > 0:
+            raise ValueError(f"interval must be > 0, got {interval!r}")
+        self.backend = resolve_backend(backend, self.timing)
+        self._sync: Generator[Lease | None, None, None] | None = None
+        self._async: AsyncGenerator[Lease | None, None] | None = None
+        self._last: tuple[str, int] | bool | None = False  # False: nothing yielded yet
+        self._failing = False
+
+    def __repr__(self) -> str:
+        return f"<Observation of {self.name!r}>"
+
+    # -- synchronous ----------------------------------------------------------------------
+    def __iter__(self) -> Generator[Lease | None, None, None]:
+        if self._async is not None:
+            raise RuntimeError(f"{self!r} is iterated with async for already")
+        if self._sync is None:
+            self._sync = self._follow()
+        return self._sync
+
+    def __next__(self) -> Lease | None:
+        return next(iter(self))
+
+    def close(self) -> None:
+        """Stop observing: the watch and the store connection close."""
+        if self._sync is not None:
+            self._sync.close()
+
+    def __enter__(self) -> Observation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _follow(self) -> Generator[Lease | None, None, None]:
+        woken = threading.Event()
+        watch = self.backend.watch(self.name, woken.set)
+        caller = StoreCaller(self.backend, f"{self.name}:observe")
+        bound = call_bound(self.timing)
+        try:
+            while True:
+                woken.clear()
+                try:
+                    lease = caller.call(bound, self.backend.read, self.name)
+                except (BackendUnavailable, TimeoutError) as exc:
+                    self._unreadable(exc)
+                else:
+                    if self._changed(lease):
+                        yield lease
+                woken.wait(self.interval)
+        finally:
+            if watch is not None:
+                watch.close()
+            caller.close()
+
+    # -- asynchronous ---------------------------------------------------------------------
+    def __aiter__(self) -> AsyncGenerator[Lease | None, None]:
+        if self._sync is not None:
+            raise RuntimeError(f"{self!r} is iterated with for already")
+        if self._async is None:
+            self._async = self._afollow()
+        return self._async
+
+    async def __anext__(self) -> Lease | None:
+        return await self.__aiter__().__anext__()
+
+    async def aclose(self) -> None:
+        """:meth:`close` for ``async for``."""
+        if self._async is not None:
+            await self._async.aclose()
+
+    async def __aenter__(self) -> Observation:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _afollow(self) -> AsyncGenerator[Lease | None, None]:
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # on the store's watch thread
+            with suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(woken.set)
+
+        watch = self.backend.watch(self.name, wake)
+        caller = StoreCaller(self.backend, f"{self.name}:observe")
+        bound = call_bound(self.timing)
+        try:
+            while True:
+                woken.clear()
+                try:
+                    lease = await caller.acall(bound, self.backend.read, self.name)
+                except (BackendUnavailable, TimeoutError) as exc:
+                    self._unreadable(exc)
+                else:
+                    if self._changed(lease):
+                        yield lease
+                with suppress(asyncio.TimeoutError):  # TimeoutError from Python 3.11 on
+                    await asyncio.wait_for(woken.wait(), self.interval)
+        finally:
+            if watch is not None:
+                watch.close()
+            caller.close()
+
+    # -- both -----------------------------------------------------------------------------
+    def _unreadable(self, exc: Exception) -> None:
+        if not self._failing:
+            logger.warning("observing %r: cannot read the store: %s", self.name, exc)
+        self._failing = True
+
+    def _changed(self, lease: Lease | None) -> bool:
+        """Whether ``lease`` (just read) is news: a new holder or token, or free now."""
+        self._failing = False
+        key = None if lease is None else (lease.holder, lease.token)
+        if key == self._last:
+            return False
+        self._last = key
+        return True
+
+
 def observe(
     name: str,
     *,
     backend: Backend | str | None = None,
     interval: float | None = None,
-) -> Generator[Lease | None, None, None]:
+) -> Observation:
     """Yield who holds ``name`` now (a snapshot :class:`~django_leader.Lease`, or None if
     nobody does), then each change: a new holder or token, or the lease becoming free.
+
+    ``for lease in observe(name):`` in a thread, ``async for lease in observe(name):`` in a
+    coroutine (the loop runs on while it waits for a change).
 
     Read-only: it never campaigns nor writes. It reads the store when the store wakes it
     (a release, on PostgreSQL and Redis) and otherwise every ``interval`` seconds (default
     ``RETRY_INTERVAL``), so a change is seen within ``interval`` at the latest. A store
-    that cannot be reached is retried quietly (a warning once per outage); the generator
-    runs until the caller stops iterating (``close()``, ``break``).
+    that cannot be reached is retried quietly (a warning once per outage); it runs until
+    the caller stops iterating (``close()`` / ``await aclose()``, ``break``).
     """
-    name = validate_name(name)
-    timing = resolve_timing()
-    every = timing.retry_interval if interval is None else float(interval)
-    if not every > 0:
-        raise ValueError(f"interval must be > 0, got {interval!r}")
-    store = resolve_backend(backend, timing)
-    woken = threading.Event()
-    watch = store.watch(name, woken.set)
-    caller = StoreCaller(store, f"{name}:observe")
-    bound = call_bound(timing)
-    last: tuple[str, int] | bool | None = False  # False: nothing yielded yet
-    failing = False
-    try:
-        while True:
-            woken.clear()
-            try:
-                lease = caller.call(bound, store.read, name)
-            except (BackendUnavailable, TimeoutError) as exc:
-                if not failing:
-                    logger.warning("observing %r: cannot read the store: %s", name, exc)
-                failing = True
-                woken.wait(every)
-                continue
-            failing = False
-            key = None if lease is None else (lease.holder, lease.token)
-            if key != last:
-                last = key
-                yield lease
-            woken.wait(every)
-    finally:
-        if watch is not None:
-            watch.close()
-        caller.close()
+    return Observation(name, backend, interval)

@@ -155,6 +155,24 @@ class Session:
                 self._users -= 1
                 self._last_use = clock()
 
+    async def acall(
+        self,
+        timeout: float,
+        fn: Callable[..., T],
+        *args: Any,
+        on_late: Callable[[T], None] | None = None,
+    ) -> T:
+        """``StoreCaller.acall`` on the session's caller (for coroutines)."""
+        with self._cond:
+            caller = self._caller()
+            self._users += 1
+        try:
+            return await caller.acall(timeout, fn, *args, on_late=on_late)
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._last_use = clock()
+
     # -- renewers -------------------------------------------------------------------------
     @property
     def leases(self) -> int:

@@ -94,12 +94,8 @@ def attempt(
     thread left behind with the call, when it comes.
     """
 
-    def late(result: tuple[Lease | None, Lease | None]) -> None:
-        if result[0] is not None:
-            hand_back(backend, result[0], label, "granted after the attempt was given up")
-
     acquired, current = caller.call(
-        bound, acquire_once, backend, name, identity, timing, on_late=late
+        bound, acquire_once, backend, name, identity, timing, on_late=_late_grant(backend, label)
     )
     if acquired is None or acquired.held:
         return acquired, current
@@ -108,14 +104,55 @@ def attempt(
             call_bound(timing), hand_back, backend, acquired, label, "granted after its deadline"
         )
     except Exception as exc:  # then it expires after its ttl
-        logger.warning(
-            "%s could not hand back the lease (token %s): %s",
-            label,
-            acquired.token,
-            exc,
-            extra=log_extra(acquired),
-        )
+        _not_handed_back(label, acquired, exc)
     return None, None
+
+
+async def aattempt(
+    backend: Backend,
+    caller: Caller,
+    name: str,
+    identity: str,
+    timing: Timing,
+    bound: float,
+    label: str,
+) -> tuple[Lease | None, Lease | None]:
+    """:func:`attempt` for a coroutine: the event loop runs on while the store answers. A
+    grant that comes after the awaiting task was cancelled is handed back."""
+    acquired, current = await caller.acall(
+        bound, acquire_once, backend, name, identity, timing, on_late=_late_grant(backend, label)
+    )
+    if acquired is None or acquired.held:
+        return acquired, current
+    try:
+        await caller.acall(
+            call_bound(timing), hand_back, backend, acquired, label, "granted after its deadline"
+        )
+    except Exception as exc:  # then it expires after its ttl
+        _not_handed_back(label, acquired, exc)
+    return None, None
+
+
+def _late_grant(
+    backend: Backend, label: str
+) -> Callable[[tuple[Lease | None, Lease | None]], None]:
+    """What to do with an acquisition answered after its caller stopped waiting."""
+
+    def late(result: tuple[Lease | None, Lease | None]) -> None:
+        if result[0] is not None:
+            hand_back(backend, result[0], label, "granted after the attempt was given up")
+
+    return late
+
+
+def _not_handed_back(label: str, lease: Lease, exc: Exception) -> None:
+    logger.warning(
+        "%s could not hand back the lease (token %s): %s",
+        label,
+        lease.token,
+        exc,
+        extra=log_extra(lease),
+    )
 
 
 def hand_back(backend: Backend, lease: Lease, label: str, why: str) -> None:
@@ -345,28 +382,52 @@ class Term:
         of a store call, log, and send ``lease_released`` — or ``leader_lost`` if it was
         not released (unless the loss was signalled already). True if released. Returns
         even while a renewal hangs; the caller is left open."""
-        lease = self.lease
-        self.renewer.stop()
-        self.step_down(LossReason.RELEASED)  # unless the holder said why already
+        self._stop_renewing()
         released = False
         if release:
             try:
-                released = self.caller.call(call_bound(self.timing), self.backend.release, lease)
-            except (BackendUnavailable, TimeoutError) as exc:
-                logger.warning(
-                    "%s could not release the lease, it will expire: %s",
-                    self.label,
-                    exc,
-                    extra=log_extra(lease),
+                released = self.caller.call(
+                    call_bound(self.timing), self.backend.release, self.lease
                 )
-            else:
-                if not released and self._stepped_down:
-                    logger.warning(
-                        "%s no longer held the lease at release (token %s)",
-                        self.label,
-                        lease.token,
-                        extra=log_extra(lease),
-                    )
+            except (BackendUnavailable, TimeoutError) as exc:
+                self._not_released(exc)
+        return self._ended(release, released)
+
+    async def aend(self, release: bool = True) -> bool:
+        """:meth:`end` for a coroutine: the release is awaited, the event loop runs on."""
+        self._stop_renewing()
+        released = False
+        if release:
+            try:
+                released = await self.caller.acall(
+                    call_bound(self.timing), self.backend.release, self.lease
+                )
+            except (BackendUnavailable, TimeoutError) as exc:
+                self._not_released(exc)
+        return self._ended(release, released)
+
+    def _stop_renewing(self) -> None:
+        self.renewer.stop()
+        self.step_down(LossReason.RELEASED)  # unless the holder said why already
+
+    def _not_released(self, exc: Exception) -> None:
+        logger.warning(
+            "%s could not release the lease, it will expire: %s",
+            self.label,
+            exc,
+            extra=log_extra(self.lease),
+        )
+
+    def _ended(self, release: bool, released: bool) -> bool:
+        """Log and signal the end of the term; ``released``: whether the store freed it."""
+        lease = self.lease
+        if release and not released and self._stepped_down:
+            logger.warning(
+                "%s no longer held the lease at release (token %s)",
+                self.label,
+                lease.token,
+                extra=log_extra(lease),
+            )
         if released:
             logger.info(
                 "%s released the lease (token %s)", self.label, lease.token, extra=log_extra(lease)

@@ -59,6 +59,10 @@ nitpick_ignore = [
     ("py:class", "F"),
     ("py:class", "T"),
     ("py:class", "django_leader.celery.tasks.F"),
+    ("py:class", "django_leader.lease.T"),
+    ("py:class", "django_leader.elector._CampaignThread"),
+    ("py:class", "AsyncWork"),
+    ("py:class", "AsyncCallback"),
     ("py:class", "django_leader.session.T"),
     # The session's renewers: documented with the session, not as a class of their own.
     ("py:class", "Renewer"),

@@ -9,6 +9,13 @@ It campaigns for ``CHAOS_LEASE`` with the timing in ``CHAOS_TTL``, ``CHAOS_RENEW
 ``FencedWrite`` row every :data:`WRITE_EVERY` seconds (``write``, or ``write_refused`` /
 ``write_error``).
 
+With ``CHAOS_ASYNC=1`` the candidate is an asyncio program instead: an
+:class:`~django_leader.AsyncElector` whose coroutine work acts the same way (fenced writes
+through ``lease.afenced()``) and, every :data:`BLOCK_EVERY` seconds or so, blocks its
+event loop with a synchronous sleep of :data:`BLOCK_FOR` times the TTL (``loop_blocked``): the
+session thread must go on renewing meanwhile, and a lease lost meanwhile must be found
+lost by the next check.
+
 SIGUSR1 arms a freeze: the next fenced write within a second SIGSTOPs this process inside
 ``lease.fenced()``, after its insert, holding the lease row locked (``freezing``).
 SIGTERM stops the elector (which releases the lease) and exits 0.
@@ -24,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +43,11 @@ ACT_EVERY = 0.05
 WRITE_EVERY = 0.1
 #: Seconds a freeze stays armed.
 FREEZE_ARMED = 1.0
+#: Seconds between two blocks of an async candidate's event loop (on average).
+BLOCK_EVERY = 4.0
+#: How long a block lasts, in TTLs: long enough to need a renewal (the renew interval is
+#: below TTL / 2), short enough to leave the liveness bound to the store.
+BLOCK_FOR = 0.6
 
 
 def clock() -> float:
@@ -78,23 +91,37 @@ def main() -> None:
     freeze_until = [0.0]
     stop = threading.Event()
 
+    def insert(lease: Lease) -> tuple[float, int]:
+        """The fenced write's body (inside ``lease.fenced()``): when, and the row's id."""
+        made = clock()
+        row = FencedWrite.objects.create(writer=who, token=lease.token, note=f"{made:.6f}")
+        if clock() < freeze_until[0]:
+            freeze_until[0] = 0.0
+            log("freezing", token=lease.token)
+            # Directed at this thread, SIGSTOP stops the whole process before the
+            # call returns, inside the transaction, with the lease row locked.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+            log("resumed", token=lease.token)
+        return made, row.pk
+
     def fenced_write(lease: Lease) -> None:
         try:
             with lease.fenced():
-                made = clock()
-                row = FencedWrite.objects.create(writer=who, token=lease.token, note=f"{made:.6f}")
-                if clock() < freeze_until[0]:
-                    freeze_until[0] = 0.0
-                    log("freezing", token=lease.token)
-                    # Directed at this thread, SIGSTOP stops the whole process before the
-                    # call returns, inside the transaction, with the lease row locked.
-                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-                    log("resumed", token=lease.token)
-            log("write", t=made, token=lease.token, id=row.pk)
+                made, pk = insert(lease)
+            log("write", t=made, token=lease.token, id=pk)
         except LeadershipLost as exc:
             log("write_refused", token=lease.token, error=str(exc))
         except Exception as exc:  # a dead connection, a timeout: logged, the leader goes on
             log("write_error", token=lease.token, error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def arm_freeze(signum: int, frame: Any) -> None:
+        freeze_until[0] = clock() + FREEZE_ARMED
+
+    signal.signal(signal.SIGUSR1, arm_freeze)
+
+    if os.environ.get("CHAOS_ASYNC") == "1":
+        run_async(who, log, fenced, insert)
+        return
 
     def work(lease: Lease) -> None:
         nonlocal fenced
@@ -128,10 +155,6 @@ def main() -> None:
         ),
     )
 
-    def arm_freeze(signum: int, frame: Any) -> None:
-        freeze_until[0] = clock() + FREEZE_ARMED
-
-    signal.signal(signal.SIGUSR1, arm_freeze)
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     log("started")
     elector.start(work)
@@ -139,6 +162,79 @@ def main() -> None:
         pass
     elector.stop()
     log("stopped")
+    os._exit(0)
+
+
+def run_async(
+    who: str, log: Log, fenced: bool, insert: Callable[[Lease], tuple[float, int]]
+) -> None:
+    """The candidate as an asyncio program (``CHAOS_ASYNC=1``): an AsyncElector."""
+    import asyncio
+    import random
+
+    from django_leader import AsyncElector, LeadershipLost, NotSupportedError
+
+    ttl = float(os.environ["CHAOS_TTL"])
+    stop = asyncio.Event()
+
+    async def write(lease: Lease) -> None:
+        try:
+            made, pk = await lease.afenced(insert, lease)
+            log("write", t=made, token=lease.token, id=pk)
+        except LeadershipLost as exc:
+            log("write_refused", token=lease.token, error=str(exc))
+
+    async def work(lease: Lease) -> None:
+        nonlocal fenced
+        next_write = 0.0
+        next_block = clock() + random.expovariate(1 / BLOCK_EVERY)
+        try:
+            while True:
+                before = clock()
+                try:
+                    lease.check()
+                except LeadershipLost:
+                    break
+                log("act", t=before, t1=clock(), token=lease.token)
+                if fenced and clock() >= next_write:
+                    try:
+                        await write(lease)
+                    except NotSupportedError:
+                        fenced = False
+                    except Exception as exc:  # a dead connection, a timeout: the leader goes on
+                        log("write_error", token=lease.token,
+                            error=f"{type(exc).__name__}: {exc}"[:300])  # fmt: skip
+                    next_write = clock() + WRITE_EVERY
+                if clock() >= next_block:
+                    log("loop_blocked", token=lease.token, seconds=BLOCK_FOR * ttl)
+                    time.sleep(BLOCK_FOR * ttl)  # the loop stops; the session renews
+                    next_block = clock() + random.expovariate(1 / BLOCK_EVERY)
+                if await lease.wait_lost(ACT_EVERY):
+                    break
+        finally:  # also when cancelled: leadership ended
+            log("acting_end", token=lease.token)
+
+    async def main() -> None:
+        elector = AsyncElector(
+            os.environ["CHAOS_LEASE"],
+            ttl=ttl,
+            renew_interval=float(os.environ["CHAOS_RENEW"]),
+            retry_interval=float(os.environ["CHAOS_RETRY"]),
+            identity=who,
+            on_elected=lambda lease: log("elected", token=lease.token),
+            on_lost=lambda lease: log(
+                "stepped_down", token=lease.token, reason=getattr(lease, "lost_reason", "")
+            ),
+        )
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        log("started", mode="async")
+        await elector.start(work)
+        await stop.wait()
+        await elector.stop()
+        log("stopped")
+
+    asyncio.run(main())
     os._exit(0)
 
 

@@ -199,6 +199,8 @@ class Harness:
                "CHAOS_LOG": str(self.logdir / f"{identity}.jsonl")}  # fmt: skip
         if slot.startswith("e"):
             cmd = [sys.executable, "-m", "tests.chaos.candidate"]
+            # Every other Elector candidate is an asyncio program (an AsyncElector).
+            env["CHAOS_ASYNC"] = "1" if int(slot[1:]) % 2 else "0"
         else:
             cmd = [sys.executable, "manage.py", "runleader", LEASE, "--identity", identity,
                    "--ttl", str(c.ttl), "--renew-interval", str(c.renew_interval),
