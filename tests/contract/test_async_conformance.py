@@ -345,7 +345,14 @@ def test_cancelled_waiter_leaves_nothing_held(
         if release_first:
             await in_thread(backend, backend.release, other)
         waiter.cancel()
-        await asyncio.gather(waiter, return_exceptions=True)
+        done, _ = await asyncio.wait({waiter}, timeout=WAIT)
+        if not done:  # the cancel was swallowed: the task went on, into the block
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+            pytest.fail(
+                f"the cancelled waiter went on (release first: {release_first}): "
+                f"it entered the block with token(s) {entered} and ran there"
+            )
         if not release_first:
             await in_thread(backend, backend.release, other)
         # A late grant is handed back: the name becomes free.
@@ -689,43 +696,50 @@ def test_async_work_is_cancelled_when_leadership_is_lost(backend: Backend, lease
 
 # -- observe() -------------------------------------------------------------------------------
 def test_async_observe_sees_the_holder_then_a_change(backend: Backend, lease_name: str) -> None:
+    """The holder is handed over from another thread only once the loop has ticked 10
+    times after the first snapshot, while ``async for`` waits for the next change (or, if
+    the loop never turns, after WAIT): an observer that blocked the loop is caught."""
     first, _ = backend.acquire(lease_name, "alice", 30)
     assert first is not None
     seen_first = threading.Event()
+    ticked: list[bool] = []
 
-    def hand_over() -> None:
+    def hand_over(ticker: Ticker) -> None:
         try:
-            if seen_first.wait(WAIT):
-                backend.release(first)
-                backend.acquire(lease_name, "bob", 30)
+            if not seen_first.wait(WAIT):
+                return
+            target = ticker.ticks + 10
+            give_up = time.monotonic() + WAIT
+            while ticker.ticks < target and time.monotonic() < give_up:
+                time.sleep(0.01)
+            ticked.append(ticker.ticks >= target)
+            backend.release(first)
+            backend.acquire(lease_name, "bob", 30)
         finally:
             backend.close()
 
-    async def main() -> tuple[list[tuple[str, int] | None], int]:
+    async def main() -> list[tuple[str, int] | None]:
         ticker = Ticker().start()
-        thread = threading.Thread(target=hand_over)
+        thread = threading.Thread(target=hand_over, args=(ticker,))
         thread.start()
         seen: list[tuple[str, int] | None] = []
-        ticks_at_first = 0
         try:
             async for lease in observe(lease_name, backend=backend, interval=0.1):
                 seen.append(None if lease is None else (lease.holder, lease.token))
-                if len(seen) == 1:
-                    ticks_at_first = ticker.ticks
-                    seen_first.set()
+                seen_first.set()
                 if lease is not None and lease.holder == "bob":
                     break
-            return seen, ticker.ticks - ticks_at_first
+            return seen
         finally:
             seen_first.set()
             await ticker.stop()
             await asyncio.to_thread(thread.join, WAIT)
 
-    seen, ticks = run(main())
+    seen = run(main())
+    assert ticked == [True], "the loop did not turn while observe() waited for a change"
     assert seen[0] == ("alice", first.token)
     assert seen[-1] is not None and seen[-1][0] == "bob" and seen[-1][1] > first.token
     assert seen[1:-1] in ([], [None]), seen  # the free lease may be seen in between
-    assert ticks >= 1, "the loop never turned while observe() waited for the change"
 
 
 def test_async_observe_aclose(backend: Backend, lease_name: str) -> None:
