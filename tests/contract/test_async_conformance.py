@@ -208,6 +208,7 @@ def test_blocking_alock_waits_for_release_without_blocking_the_loop(
     while alock() waits (or, if the loop never turns, after WAIT): a waiter that blocked
     the loop is caught either way."""
     other, _ = backend.acquire(lease_name, "someone-else", 30)
+    assert other is not None
     seen: dict[str, Any] = {}
 
     def releaser(ticker: Ticker) -> None:
