@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.test import override_settings
@@ -77,6 +78,18 @@ async def in_thread(backend: Backend, call: Callable[..., T], *args: Any) -> T:
             connections.close_all()
 
     return await asyncio.to_thread(work)
+
+
+async def close_sync_thread(backend: Backend) -> None:
+    """Close the store and database connections of Django's sync thread (where
+    ``afenced()`` runs its function: ``sync_to_async(thread_sensitive=True)``); a test
+    database with a connection left open cannot be dropped."""
+
+    def close() -> None:
+        backend.close()
+        connections.close_all()
+
+    await sync_to_async(close)()
 
 
 async def read(backend: Backend, name: str) -> Lease | None:
@@ -455,7 +468,7 @@ def test_afenced_write_commits_while_held(backend: Backend, lease_name: str) -> 
             pk = await lease.afenced(
                 write_row, alias, lease_name, lease.token, note="held", using=using
             )
-            await asyncio.to_thread(connections.close_all)
+            await close_sync_thread(backend)
             return lease, pk
 
     lease, pk = run(main())
@@ -496,7 +509,7 @@ def test_afenced_write_rejected_after_takeover(backend: Backend, lease_name: str
                 except LeadershipLost:
                     outcomes.append("rejected")
         await in_thread(backend, backend.release, successor)
-        await asyncio.to_thread(connections.close_all)
+        await close_sync_thread(backend)
         return lease, successor, outcomes
 
     lease, successor, outcomes = run(main())
