@@ -350,7 +350,7 @@ def test_cancelled_waiter_leaves_nothing_held(
             entered.append(lease.token)
             await asyncio.sleep(3600)
 
-    async def one_round(release_first: bool) -> list[int]:
+    async def one_round(number: int, release_first: bool) -> list[int]:
         other, _ = await in_thread(backend, backend.acquire, lease_name, "someone-else", 30)
         assert other is not None
         entered: list[int] = []
@@ -364,7 +364,7 @@ def test_cancelled_waiter_leaves_nothing_held(
             waiter.cancel()
             await asyncio.gather(waiter, return_exceptions=True)
             pytest.fail(
-                f"the cancelled waiter went on (release first: {release_first}): "
+                f"the cancelled waiter went on (round {number}, release first: {release_first}): "
                 f"it entered the block with token(s) {entered} and ran there"
             )
         if not release_first:
@@ -379,7 +379,8 @@ def test_cancelled_waiter_leaves_nothing_held(
         return entered
 
     async def main() -> list[list[int]]:
-        return [await one_round(release_first) for release_first in (False, *[True] * 5)]
+        rounds = enumerate((False, *[True] * 5))
+        return [await one_round(number, release_first) for number, release_first in rounds]
 
     outcomes = run(main())
     assert outcomes[0] == [], "entered a lease held elsewhere"

@@ -260,3 +260,65 @@ def test_killed_async_leader_is_replaced_within_ttl_plus_retry(
     current = store.read(cluster.lease)
     assert current is not None and current.token == second["token"]
     assert_no_overlap(cluster, killed={leader.label: killed_at})
+
+
+# -- (d) an AsyncElector leader, its loop blocked, SIGSTOPped past the TTL -----------------
+def test_stopped_async_leader_with_a_blocked_loop_steps_down_before_takeover(
+    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
+) -> None:
+    """The leader's loop is blocked by a synchronous call and the process SIGSTOPped for
+    TTL + 1.5 s: the follower is elected; the old leader's local deadline lies before that
+    grant, and the moment it resumes (its loop still blocked) it is no longer leader. Once
+    its loop runs, its async work ends (wait_lost() returns, or it is cancelled) and on_lost
+    runs."""
+    children = [spawn(cluster, label, "elector") for label in ("a", "b")]
+    cluster.wait_ready(children)
+    first = cluster.wait_for(matches("elected"), "a first leader", PATIENCE)
+    old = cluster.children[first["who"]]
+    new = next(child for child in children if child is not old)
+    cluster.wait_for(matches("working", old.label, token=first["token"]), "its work")
+
+    after = old.send("block", freeze=True)
+    freezing = cluster.wait_for(matches("freezing", old.label), "the leader pausing", after=after)
+    wait_until(
+        lambda: old.state() == "T",
+        timeout=PATIENCE,
+        interval=0.005,
+        message=lambda: f"{old.label} never stopped: {old.state()}",
+    )
+    paused_at = freezing["t"]
+    second = cluster.wait_for(
+        matches("elected", new.label), "a takeover", TAKEOVER_BOUND + PATIENCE, after=after
+    )
+    assert second["token"] > first["token"]
+    # The pause is the fault tested: a fixed one, longer than the TTL.
+    time.sleep(max(0.0, paused_at + TTL + 1.5 - time.time()))
+    assert old.state() == "T"
+    resumed_at = time.time()
+    os.kill(old.pid, signal.SIGCONT)
+
+    resumed = cluster.wait_for(matches("resumed", old.label), "the leader resuming", after=after)
+    assert resumed["stopped_for"] > TTL, resumed
+    assert resumed["is_leader"] is False and resumed["held"] is False, resumed
+    assert not cluster.select(
+        lambda e: matches("state", old.label, leader=True)(e) and e["t"] >= resumed_at
+    ), cluster.describe()
+    assert not cluster.select(matches("unblocked", old.label))  # its loop is still blocked
+
+    unblocked = old.request("unblock", "unblocked")
+    assert unblocked["is_leader"] is False, unblocked
+    ended = cluster.wait_for(
+        matches("work_ended", old.label, token=first["token"]), "its work ending"
+    )
+    assert ended["held"] is False, ended
+    lost = cluster.wait_for(matches("lost", old.label, token=first["token"]), "its on_lost")
+    report(
+        request,
+        pause=resumed_at - paused_at,
+        takeover=second["t"] - paused_at,
+        deadline_before_takeover=second["acquired_at"] - lost["deadline_wall"],
+    )
+    assert lost["deadline_wall"] < second["acquired_at"] <= second["t"], (lost, second)
+    current = store.read(cluster.lease)
+    assert current is not None and current.token == second["token"]
+    assert_no_overlap(cluster)

@@ -32,8 +32,12 @@ Environment (besides :mod:`.common`'s, which pick the store): ``DL_MP_IDENTITY``
         handled by the stdin thread (the loop is blocked): ends the synchronous wait.
 ``elector``
     an ``AsyncElector`` with async callbacks (``elected``, ``lost``, ``new_leader``) and an
-    async work (``working``; ``work_cancelled`` when cancelled at the loss); ``ready`` once
-    campaigning.
+    async work (``working``; ``work_ended`` when it returns (it awaits ``wait_lost()``) or is
+    cancelled at the loss: ``cancelled``); ``ready`` once
+    campaigning. A monitor thread reports ``state`` (``is_leader`` changed, or its first
+    sample after a pause: ``gap``) and ``renewed``; the command ``block`` (``freeze``) blocks
+    the loop, and SIGSTOPs the process after the next renewal, as in ``hold`` (``resumed``:
+    ``is_leader``, ``held``, ``lost``), until ``unblock`` (``unblocked``: ``is_leader``).
 """
 
 from __future__ import annotations
@@ -240,11 +244,14 @@ async def elect() -> None:
 
     async def work(lease: Lease) -> None:
         emit("working", token=lease.token)
+        cancelled = False
         try:
             await lease.wait_lost()
         except asyncio.CancelledError:
-            emit("work_cancelled", token=lease.token)
+            cancelled = True
             raise
+        finally:
+            emit("work_ended", token=lease.token, cancelled=cancelled, held=lease.held)
 
     elector = Reporting(
         os.environ["DL_MP_LEASE"],
@@ -254,9 +261,60 @@ async def elect() -> None:
         identity=os.environ["DL_MP_IDENTITY"],
         backend=make_backend(),
     )
+    commands = Commands(asyncio.get_running_loop())
+    freeze = threading.Event()
+
+    def monitor() -> None:
+        leading, deadline, sampled = False, None, time.monotonic()
+        while True:
+            now, previous = time.monotonic(), sampled
+            sampled = now
+            gap = now - previous if now - previous > GAP else None
+            lease = elector.lease
+            current = elector.is_leader
+            if current != leading or gap is not None:
+                leading = current
+                token = None if lease is None else lease.token
+                emit("state", leader=current, gap=gap, token=token)
+            if lease is not None and lease.deadline != deadline:
+                deadline = lease.deadline
+                emit("renewed", **lease_fields(lease))
+                if freeze.is_set():
+                    freeze.clear()
+                    emit("freezing", **lease_fields(lease))
+                    before = time.monotonic()
+                    # Directed at this thread, SIGSTOP stops it (and the whole process)
+                    # before the call returns.
+                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+                    # First thing after SIGCONT: what the elector and its lease say now.
+                    emit(
+                        "resumed",
+                        is_leader=elector.is_leader,
+                        held=lease.held,
+                        lost=lease.lost.is_set(),
+                        token=lease.token,
+                        stopped_for=time.monotonic() - before,
+                    )
+                    sampled = time.monotonic()
+            time.sleep(POLL)
+
     await elector.start(work)
+    threading.Thread(target=monitor, name="monitor", daemon=True).start()
     emit("ready")
-    await asyncio.Event().wait()  # until killed
+    while True:
+        command = await commands.queue.get()
+        if command["cmd"] != "block":
+            emit("error", error=f"unknown command {command!r}")
+            continue
+        commands.unblock.clear()
+        emit("blocking", freeze=bool(command.get("freeze")))
+        if command.get("freeze"):
+            freeze.set()
+        started = time.monotonic()
+        # The fault: a long synchronous call blocks the event loop.
+        commands.unblock.wait(120)
+        leading = elector.is_leader  # before anything else
+        emit("unblocked", is_leader=leading, blocked_for=time.monotonic() - started)
 
 
 def main() -> None:
