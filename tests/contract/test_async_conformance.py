@@ -771,3 +771,52 @@ def test_async_observe_aclose(backend: Backend, lease_name: str) -> None:
     first, ended = run(main())
     assert first is None  # nobody holds it
     assert ended, "observe() yielded again after aclose()"
+
+
+def test_async_elector_run_with_plain_work_and_callbacks(backend: Backend, lease_name: str) -> None:
+    """``await run(work)`` campaigns until ``stop()``; a plain ``def work`` runs in a thread
+    of its own (not the loop's), plain callbacks are called; a follower lists itself
+    among the candidates."""
+    seen: dict[str, Any] = {}
+    calls: list[tuple[str, int]] = []
+
+    class Plain(AsyncElector):
+        def on_elected(self, lease: Lease) -> None:
+            calls.append(("elected", lease.token))
+
+        def on_lost(self, lease: Lease) -> None:
+            calls.append(("lost", lease.token))
+
+    started = threading.Event()
+
+    def work(lease: Lease) -> None:
+        seen["work_thread"] = threading.get_ident()
+        seen["lease"] = lease
+        started.set()
+        lease.lost.wait(6 * WAIT)
+
+    async def main() -> None:
+        seen["loop_thread"] = threading.get_ident()
+        elector = Plain(lease_name, identity="plain", backend=backend, **FAST)
+        follower = AsyncElector(lease_name, identity="waiting", backend=backend, **FAST)
+        runner = asyncio.create_task(elector.run(work))
+        try:
+            assert await asyncio.to_thread(started.wait, WAIT), "the work never started"
+            seen["is_leader"] = elector.is_leader
+            await follower.start()
+            give_up = time.monotonic() + WAIT
+            while "waiting" not in [c.identity for c in await follower.candidates() or []]:
+                assert time.monotonic() < give_up, await follower.candidates()
+                await asyncio.sleep(0.05)
+            seen["running_before_stop"] = not runner.done()
+        finally:
+            await follower.stop()
+            await elector.stop()
+        await asyncio.wait_for(runner, WAIT)  # run() returns once stopped
+
+    run(main())
+    token = seen["lease"].token
+    assert seen["is_leader"] and seen["running_before_stop"]
+    assert seen["work_thread"] != seen["loop_thread"]
+    assert calls == [("elected", token), ("lost", token)]
+    assert backend.read(lease_name) is None

@@ -95,7 +95,7 @@ def fence_using(cluster: Cluster) -> str | None:
 def test_tasks_of_several_processes_never_hold_one_alock_at_once(
     cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    processes, tasks, seconds = 3, 3, 5.0
+    processes, tasks, seconds = 3, 3, 4.0
     log = tmp_path / "holders.jsonl"
     children = [
         spawn(cluster, f"p{i}", "contend", DL_ASYNC_TASKS=str(tasks), DL_ASYNC_LOG=str(log))
