@@ -26,7 +26,16 @@ from django.conf import settings
 from django.db import connections
 from django.test import override_settings
 
-from django_leader import AsyncElector, LeadershipLost, Lease, LeaseHeld, alock, lock, observe
+from django_leader import (
+    AsyncElector,
+    LeadershipLost,
+    Lease,
+    LeaseHeld,
+    alock,
+    current_lease,
+    lock,
+    observe,
+)
 from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.conf import get_settings, resolve_timing
@@ -387,6 +396,29 @@ def test_cancelled_waiter_leaves_nothing_held(
     assert backend.read(lease_name) is None
 
 
+def test_task_cancelled_inside_the_block_releases_on_its_way_out(
+    backend: Backend, lease_name: str
+) -> None:
+    async def main() -> tuple[bool, Lease | None]:
+        inside = asyncio.Event()
+
+        async def holder() -> None:
+            async with alock(lease_name, ttl=30, backend=backend):
+                inside.set()
+                await asyncio.sleep(3600)
+
+        task = asyncio.create_task(holder())
+        await asyncio.wait_for(inside.wait(), WAIT)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        # Released before the task finished (the release is shielded from the cancel).
+        return task.cancelled(), await read(backend, lease_name)
+
+    cancelled, seen = run(main())
+    assert cancelled
+    assert seen is None, seen
+
+
 def test_alock_released_when_block_raises(backend: Backend, lease_name: str) -> None:
     async def main() -> None:
         async with alock(lease_name, ttl=30, backend=backend):
@@ -633,6 +665,7 @@ def test_async_work_runs_on_the_loop_and_stop_waits_for_it(
 
         async def work(lease: Lease) -> None:
             seen["lease"] = lease
+            seen["current"] = current_lease()
             seen["on_loop"] = asyncio.get_running_loop() is loop
             started.set()
             cancelled = False
@@ -663,6 +696,7 @@ def test_async_work_runs_on_the_loop_and_stop_waits_for_it(
     run(main())
     assert seen["on_loop"]
     assert seen["lease"] is seen["elector_lease"]
+    assert seen["current"] is seen["lease"]  # current_lease() is set in the work
     assert seen["finished_at_stop"], "stop() returned before the work did"
     assert seen["while_winding_down"].token == seen["lease"].token
     assert backend.read(lease_name) is None  # released after the work returned
@@ -820,3 +854,63 @@ def test_async_elector_run_with_plain_work_and_callbacks(backend: Backend, lease
     assert seen["work_thread"] != seen["loop_thread"]
     assert calls == [("elected", token), ("lost", token)]
     assert backend.read(lease_name) is None
+
+
+def test_async_with_observe(backend: Backend, lease_name: str) -> None:
+    """``async with observe(name) as watching``: closed at the end of the block."""
+    holder, _ = backend.acquire(lease_name, "alice", 30)
+    assert holder is not None
+
+    async def main() -> tuple[Lease | None, bool]:
+        async with observe(lease_name, backend=backend, interval=0.1) as watching:
+            first = await watching.__anext__()
+        try:
+            await watching.__anext__()
+        except StopAsyncIteration:
+            return first, True
+        return first, False
+
+    first, ended = run(main())
+    assert first is not None and (first.holder, first.token) == ("alice", holder.token)
+    assert ended, "observe() yielded again after its block"
+
+
+def test_plain_on_lost_runs_while_the_loop_is_blocked(backend: Backend, lease_name: str) -> None:
+    """A plain ``on_lost`` runs in the campaign thread: on time, while the loop is blocked by
+    a synchronous call (here: the wait for that very callback); ``is_leader`` is false
+    then. Once the loop runs, the async work is cancelled."""
+    lost = threading.Event()
+
+    class PlainLost(AsyncElector):
+        def on_lost(self, lease: Lease) -> None:
+            lost.set()
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        started = asyncio.Event()
+        ended = asyncio.Event()
+
+        async def work(lease: Lease) -> None:
+            out["token"] = lease.token
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                ended.set()
+
+        elector = PlainLost(lease_name, identity="p", backend=backend, **FAST)
+        await elector.start(work)
+        try:
+            await asyncio.wait_for(started.wait(), WAIT)
+            out["forced"] = await in_thread(backend, backend.force_release, lease_name)
+            out["lost_while_blocked"] = lost.wait(WAIT)  # blocks the loop
+            out["leader_while_blocked"] = elector.is_leader
+            await asyncio.wait_for(ended.wait(), WAIT)
+        finally:
+            await elector.stop()
+        return out
+
+    out = run(main())
+    assert out["forced"] is not None and out["forced"].token == out["token"]
+    assert out["lost_while_blocked"], "on_lost did not run while the loop was blocked"
+    assert out["leader_while_blocked"] is False
