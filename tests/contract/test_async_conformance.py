@@ -350,7 +350,7 @@ def test_two_coroutines_on_one_loop_never_both_hold(
 def test_cancelled_waiter_leaves_nothing_held(
     backend: Backend, lease_name: str, fast_retry: None
 ) -> None:
-    """A waiting task is cancelled while the lease is held elsewhere, and (five times) just
+    """A waiting task is cancelled while the lease is held elsewhere, and (twelve times) just
     as it is released: every time, the name is free afterwards (a grant that arrived after
     the cancellation was handed back) and acquirable at once."""
 
@@ -359,7 +359,7 @@ def test_cancelled_waiter_leaves_nothing_held(
             entered.append(lease.token)
             await asyncio.sleep(3600)
 
-    async def one_round(number: int, release_first: bool) -> list[int]:
+    async def one_round(number: int, release_first: bool, delay: float) -> list[int]:
         other, _ = await in_thread(backend, backend.acquire, lease_name, "someone-else", 30)
         assert other is not None
         entered: list[int] = []
@@ -367,13 +367,15 @@ def test_cancelled_waiter_leaves_nothing_held(
         await asyncio.sleep(0.2)  # let it start waiting
         if release_first:
             await in_thread(backend, backend.release, other)
+            await asyncio.sleep(delay)  # the grant may be in flight, or in, or not yet
         waiter.cancel()
         done, _ = await asyncio.wait({waiter}, timeout=WAIT)
         if not done:  # the cancel was swallowed: the task went on, into the block
             waiter.cancel()
             await asyncio.gather(waiter, return_exceptions=True)
             pytest.fail(
-                f"the cancelled waiter went on (round {number}, release first: {release_first}): "
+                f"the cancelled waiter went on (round {number}, release first: {release_first}, "
+                f"cancelled {delay:g} s after the release): "
                 f"it entered the block with token(s) {entered} and ran there"
             )
         if not release_first:
@@ -388,12 +390,124 @@ def test_cancelled_waiter_leaves_nothing_held(
         return entered
 
     async def main() -> list[list[int]]:
-        rounds = enumerate((False, *[True] * 5))
-        return [await one_round(number, release_first) for number, release_first in rounds]
+        # Cancelled at several moments after the release, across the wake-up's and the
+        # grant's way in; most at once, when the store's wake-up may be in the loop's queue.
+        delays = [0.0] * 8 + [0.002, 0.005, 0.01, 0.02]
+        rounds = [(False, 0.0)] + [(True, delay) for delay in delays]
+        return [await one_round(n, *args) for n, args in enumerate(rounds)]
 
     outcomes = run(main())
     assert outcomes[0] == [], "entered a lease held elsewhere"
     assert backend.read(lease_name) is None
+
+
+class GatedBackend(FaultyBackend):
+    """A real store whose next ``acquire`` can be held at a gate (before it reaches the
+    store) or reported once it returned a grant: to cancel a waiter at a chosen point of
+    its acquisition. Waiters are woken by the real store's watch (where it has one)."""
+
+    def __init__(self, real: Backend) -> None:
+        super().__init__(real)
+        self.hold_next = threading.Event()  # set: the next acquire waits at the gate
+        self.at_gate = threading.Event()  # set by an acquire waiting at the gate
+        self.open = threading.Event()
+        self.granted = threading.Event()  # set when an acquire returned a lease
+
+    def watch(self, name: str, callback: Callable[[], None], **kwargs: Any) -> Any:
+        return self.real.watch(name, callback, **kwargs)
+
+    def wake(self, name: str, identity: str | None = None) -> None:
+        self.real.wake(name, identity)
+
+    def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
+        if self.hold_next.is_set():
+            self.hold_next.clear()
+            self.at_gate.set()
+            self.open.wait(WAIT)
+        lease, current = self.real.acquire(name, holder, ttl)
+        if lease is not None:
+            self.granted.set()
+        return lease, current
+
+
+async def cancel_at(
+    backend: Backend,
+    gated: GatedBackend,
+    name: str,
+    moment: Callable[[asyncio.Task[None], Lease], Coroutine[Any, Any, None]],
+) -> tuple[bool, list[int], Lease | None]:
+    """A task waits in ``alock(name)`` (held by ``other``, then released);
+    ``moment(task, other)`` cancels it at a chosen point. Returns whether it ended
+    cancelled, what it entered, and the store's lease once the name is free again (None;
+    a lease if it never is)."""
+    other, _ = await in_thread(backend, backend.acquire, name, "someone-else", 30)
+    assert other is not None
+    entered: list[int] = []
+
+    async def waiter() -> None:
+        async with alock(name, ttl=30, timeout=6 * WAIT, backend=gated) as lease:
+            entered.append(lease.token)
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0.2)  # it polls, refused
+    await moment(task, other)
+    done, _ = await asyncio.wait({task}, timeout=WAIT)
+    if not done:  # the cancel was swallowed: the task went on, into the block
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False, entered, None
+    give_up = time.monotonic() + WAIT
+    while (current := await read(backend, name)) is not None and time.monotonic() < give_up:
+        await asyncio.sleep(0.05)
+    return task.cancelled(), entered, current
+
+
+def test_waiter_cancelled_while_its_grant_is_in_flight_hands_it_back(
+    backend: Backend, lease_name: str, fast_retry: None
+) -> None:
+    """The waiter's acquisition is on its way to the store (held at a gate) when the task
+    is cancelled; then the store grants it: the grant is released, the task ends
+    cancelled, having entered nothing."""
+    gated = GatedBackend(backend)
+
+    async def moment(task: asyncio.Task[None], other: Lease) -> None:
+        gated.hold_next.set()
+        assert await asyncio.to_thread(gated.at_gate.wait, WAIT), "no acquire reached the gate"
+        await in_thread(backend, backend.release, other)
+        task.cancel()
+        await asyncio.sleep(0.1)  # the cancellation is seen before the grant comes in
+        gated.open.set()
+
+    cancelled, entered, current = run(cancel_at(backend, gated, lease_name, moment))
+    assert entered == [], f"the cancelled task entered the block (tokens {entered})"
+    assert cancelled, "the task did not end cancelled"
+    assert current is None, f"the late grant was never released: {current}"
+
+
+def test_waiter_cancelled_after_its_grant_came_back_hands_it_back(
+    backend: Backend, lease_name: str, fast_retry: None
+) -> None:
+    """The store granted the waiter's acquisition while the loop was blocked (so the task
+    has not run since), and the task is cancelled before the loop runs again: the task
+    ends cancelled, entered nothing, and the grant is released."""
+    gated = GatedBackend(backend)
+
+    async def moment(task: asyncio.Task[None], other: Lease) -> None:
+        gated.hold_next.set()
+        assert await asyncio.to_thread(gated.at_gate.wait, WAIT), "no acquire reached the gate"
+        await in_thread(backend, backend.release, other)
+        # From here the loop is blocked: the poll at the gate goes on and is granted, and
+        # a little more time lets the grant's way back to the loop be queued.
+        gated.open.set()
+        assert gated.granted.wait(WAIT), "the waiter's poll was not granted"
+        time.sleep(0.1)
+        task.cancel()
+
+    cancelled, entered, current = run(cancel_at(backend, gated, lease_name, moment))
+    assert entered == [], f"the cancelled task entered the block (tokens {entered})"
+    assert cancelled, "the task did not end cancelled"
+    assert current is None, f"the grant was never released: {current}"
 
 
 def test_task_cancelled_inside_the_block_releases_on_its_way_out(
