@@ -24,13 +24,11 @@ the lock, at most until that lease would expire by the store's clock (plus one
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import logging
 import os
 import random
 import socket
-import string
 import threading
 import time
 from collections.abc import Callable
@@ -43,29 +41,24 @@ from celery.signals import task_failure, task_revoked
 
 from ..conf import (
     MAX_IDENTITY_LENGTH,
-    MAX_NAME_LENGTH,
     get_settings,
     resolve_timing,
-    validate_name,
 )
 from ..exceptions import BackendUnavailable, LeaseHeld
 from ..lease import Lease, _use_lease
 from ..locks import Lock
+from ..singleton import Key, SingletonSpec
 from ..term import resolve_backend
 
 logger = logging.getLogger("django_leader.celery")
 
 F = TypeVar("F", bound=Callable[..., Any])
-Key = str | Callable[..., str] | None
-
-ON_LOCKED = ("skip", "retry", "raise")
-
 #: The attribute of the wrapped function that carries its :class:`Singleton` spec.
 SPEC_ATTRIBUTE = "_django_leader_singleton"
 
 
-class Singleton:
-    """How one task is made a singleton: its lock key, ttl and what to do when locked."""
+class Singleton(SingletonSpec):
+    """A Celery task's :class:`~django_leader.singleton.SingletonSpec`, and how it runs."""
 
     def __init__(
         self,
@@ -77,83 +70,9 @@ class Singleton:
         bind: bool,
         retry_delay: float | None,
     ) -> None:
-        if on_locked not in ON_LOCKED:
-            raise ValueError(f"on_locked must be one of {', '.join(ON_LOCKED)}, got {on_locked!r}")
-        if key is not None and not isinstance(key, str) and not callable(key):
-            raise TypeError(f"key must be a format string, a callable or None, got {key!r}")
-        if ttl is not None and (
-            isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
-        ):
-            raise ValueError(f"ttl must be a number of seconds > 0, got {ttl!r}")
-        self.fun = fun
-        self.key = key
-        self.ttl = None if ttl is None else float(ttl)
-        self.on_locked = on_locked
+        super().__init__(fun, key=key, ttl=ttl, on_locked=on_locked, skip_first=bind)
         self.bind = bind
         self.retry_delay = retry_delay
-        signature = inspect.signature(fun)
-        parameters = list(signature.parameters.values())
-        if bind and parameters:
-            parameters = parameters[1:]  # the task instance
-        self.signature = signature.replace(parameters=parameters)
-        if isinstance(key, str):
-            self._check_key(key)
-
-    def _check_key(self, key: str) -> None:
-        """Fail at import time for a key that names no argument of the task."""
-        params = self.signature.parameters
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        for _, field, _, _ in string.Formatter().parse(key):
-            if field is None or field == "":
-                if field == "":
-                    raise ValueError(f"singleton_task key {key!r}: use {{0}} or {{name}}, not {{}}")
-                continue
-            head = field.split(".", 1)[0].split("[", 1)[0]
-            if head.isdigit() or head in params or takes_any:
-                continue
-            raise ValueError(
-                f"singleton_task key {key!r} names {head!r}, which is not an argument of "
-                f"{self.fun.__qualname__}{self.signature}"
-            )
-
-    # -- naming ---------------------------------------------------------------------------
-    def lock_name(
-        self, task_name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> str:
-        """The lease name for a call with these arguments (without the bound task)."""
-        if self.key is None:
-            name = task_name or f"{self.fun.__module__}.{self.fun.__qualname__}"
-        elif callable(self.key):
-            name = self.key(*args, **kwargs)
-            if not isinstance(name, str):
-                raise TypeError(f"singleton_task key callable returned {name!r}, not a str")
-        else:
-            name = self._format(self.key, args, kwargs)
-        if len(name) > MAX_NAME_LENGTH:
-            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-            name = f"{name[: MAX_NAME_LENGTH - 17]}#{digest}"
-        return validate_name(name)
-
-    def _format(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        named: dict[str, Any] = dict(kwargs)
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError:
-            pass  # the call itself will fail; name the lock from what was given
-        else:
-            bound.apply_defaults()
-            for name, value in bound.arguments.items():
-                if self.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-                    named.update(value)
-                else:
-                    named[name] = value
-        try:
-            return key.format(*args, **named)
-        except (KeyError, IndexError, AttributeError, ValueError) as exc:
-            raise ValueError(
-                f"singleton_task key {key!r} cannot be formatted with args={args!r} "
-                f"kwargs={kwargs!r}: {exc!r}"
-            ) from None
 
     # -- running --------------------------------------------------------------------------
     def wrap(self) -> Callable[..., Any]:
