@@ -1028,3 +1028,47 @@ def test_plain_on_lost_runs_while_the_loop_is_blocked(backend: Backend, lease_na
     assert out["forced"] is not None and out["forced"].token == out["token"]
     assert out["lost_while_blocked"], "on_lost did not run while the loop was blocked"
     assert out["leader_while_blocked"] is False
+
+
+def test_observer_cancelled_as_a_change_comes_in_ends_cancelled(
+    backend: Backend, lease_name: str
+) -> None:
+    """A task iterating ``async for ... in observe()`` is cancelled just as the lease it
+    watches is released (the store's wake-up may be in the loop's queue): eight times, the
+    task ends cancelled, rather than going on to the next change."""
+
+    async def one_round(number: int) -> tuple[bool, list[tuple[str, int] | None]]:
+        name = f"{lease_name}-{number}"
+        holder, _ = await in_thread(backend, backend.acquire, name, "alice", 30)
+        assert holder is not None
+        seen: list[tuple[str, int] | None] = []
+        first = asyncio.Event()
+
+        async def consume() -> None:
+            # A long interval: the next change comes from the store's wake-up (or, on a
+            # store without one, after the cancellation).
+            async for lease in observe(name, backend=backend, interval=5.0):
+                seen.append(None if lease is None else (lease.holder, lease.token))
+                first.set()
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(first.wait(), WAIT)
+        await asyncio.sleep(0.1)  # it waits for a change now
+        await in_thread(backend, backend.release, holder)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=WAIT)
+        if not done:  # the cancel was swallowed: it went on observing
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return False, seen
+        return task.cancelled(), seen
+
+    async def main() -> tuple[int, list[tuple[str, int] | None]] | None:
+        for number in range(8):
+            cancelled, seen = await one_round(number)
+            if not cancelled:
+                return number, seen  # (the first such round is enough)
+        return None
+
+    swallowed = run(main())
+    assert swallowed is None, f"an observer went on after its cancel (round, seen): {swallowed}"
