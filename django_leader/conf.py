@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_DELAY": None,
     "ELECTION_MODE": "race",
     "ZOOKEEPER": None,
+    # django_leader.tasks: entry name -> {"task", "every", ...} (validated there)
+    "TASKS_SCHEDULE": {},
 }
 
 #: What ``DJANGO_LEADER["ZOOKEEPER"]`` may hold (the ZooKeeper backend's connection), and
@@ -212,6 +214,10 @@ def _build() -> LeaderSettings:
             f"got {lock_delay!r}"
         )
     zookeeper = _validate_zookeeper(conf["ZOOKEEPER"])
+    if conf["TASKS_SCHEDULE"]:
+        from .tasks.schedule import load_schedule
+
+        load_schedule(conf["TASKS_SCHEDULE"])  # ImproperlyConfigured naming the entry
     from .election import validate_mode
 
     try:

@@ -176,3 +176,20 @@ except ImportError:  # the DatabaseScheduler tests skip
     pass
 else:
     INSTALLED_APPS.append("django_celery_beat")
+
+# Django's tasks framework (django.tasks from Django 6, else the django-tasks backport) with
+# the database backend of django-tasks-db and its worker (manage.py db_worker): the tests
+# of django_leader.tasks. Without django-tasks-db they skip.
+try:
+    import django_tasks_db  # noqa: F401
+except ImportError:
+    pass
+else:
+    from importlib.util import find_spec as _find_spec
+
+    if _find_spec("django.tasks") is None:
+        INSTALLED_APPS.append("django_tasks")
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+    if os.environ.get("DJANGO_LEADER_TASKS_SCHEDULE"):
+        DJANGO_LEADER["TASKS_SCHEDULE"] = json.loads(os.environ["DJANGO_LEADER_TASKS_SCHEDULE"])

@@ -3,6 +3,7 @@
     runleader NAME --call dotted.path         f(lease) in this process
     runleader NAME -- CMD ARGS...             a child process, under a guard
     runleader NAME --beat [beat options]      ``celery beat`` as the child process
+    runleader NAME --tasks                    the django.tasks schedule, in this process
 
 The payload starts only after the lease is held and is stopped when leadership ends; the
 lease is released only after the payload stopped. ``--watchdog S``: a callable must call
@@ -54,7 +55,7 @@ def usage(message: str) -> CommandError:
 class Command(BaseCommand):
     help = (
         "Campaign for lease NAME and run a payload only while elected: --call dotted.path, "
-        "-- CMD ARGS..., or --beat [celery beat options]."
+        "-- CMD ARGS..., --beat [celery beat options], or --tasks (django.tasks schedule)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -64,6 +65,11 @@ class Command(BaseCommand):
             "--beat",
             action="store_true",
             help="run `celery beat` while elected; options after --beat go to it",
+        )
+        parser.add_argument(
+            "--tasks",
+            action="store_true",
+            help="enqueue DJANGO_LEADER['TASKS_SCHEDULE'] (django.tasks) while elected",
         )
         parser.add_argument("--ttl", type=float)
         parser.add_argument("--renew-interval", type=float)
@@ -110,10 +116,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         child = list(getattr(self, "_child", [])) or list(options.get("command") or [])
         beat_options = list(getattr(self, "_beat_options", []))
-        payloads = [bool(options["call"]), bool(options["beat"]), bool(child)]
-        if sum(payloads) != 1:
+        payloads = [options["call"], options["beat"], options["tasks"], child]
+        if sum(bool(payload) for payload in payloads) != 1:
             raise usage(
-                "give exactly one payload: --call dotted.path, --beat [options], or -- CMD ARGS"
+                "give exactly one payload: --call dotted.path, --beat [options], --tasks, "
+                "or -- CMD ARGS"
             )
         try:
             name = validate_name(options["name"])
@@ -146,6 +153,8 @@ class Command(BaseCommand):
                 raise usage(f"--call {options['call']!r} is not callable")
         if options["beat"]:
             child = celery_beat_command(beat_options)
+        if options["tasks"]:
+            call = tasks_schedule()
         self._configure_logging(options["verbosity"])
 
         elector = Elector(
@@ -182,6 +191,24 @@ class Command(BaseCommand):
             )
             package_logger.addHandler(handler)
         package_logger.setLevel(logging.WARNING if verbosity == 0 else logging.INFO)
+
+
+def tasks_schedule() -> Callable[[Lease], Any]:
+    """The work of ``--tasks``: django_leader.tasks' enqueuer, its schedule checked now
+    (every entry's task imported)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        from django_leader.tasks import load_schedule, run_schedule
+
+        entries = load_schedule()
+        for entry in entries:
+            entry.resolve()
+    except ImproperlyConfigured as exc:
+        raise usage(f"--tasks: {exc}") from None
+    if not entries:
+        raise usage("--tasks: DJANGO_LEADER['TASKS_SCHEDULE'] has no entry")
+    return lambda lease: run_schedule(lease, schedule=entries)
 
 
 def run(elector: Elector, runner: PayloadRunner) -> int:

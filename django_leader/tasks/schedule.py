@@ -1,0 +1,271 @@
+"""A periodic schedule of django.tasks tasks, enqueued only by the elected process.
+
+``DJANGO_LEADER["TASKS_SCHEDULE"]`` names the entries::
+
+    DJANGO_LEADER = {
+        "TASKS_SCHEDULE": {
+            "send-digests": {"task": "mail.tasks.send_digests", "every": 60},
+            "refresh": {"task": "shop.tasks.refresh", "every": timedelta(minutes=5),
+                        "args": ["prices"], "kwargs": {"full": False},
+                        "slot_kwarg": "slot"},
+        },
+    }
+
+Every process runs ``manage.py runleader NAME --tasks`` (or an Elector with
+:func:`run_schedule` as its work); the elected one enqueues. An entry's slots are the
+multiples of ``every`` on the store's clock (seconds since the epoch), so every process
+agrees on them. A slot is enqueued like this:
+
+1. it is recorded as the entry's last slot in the shared slot records (the records the
+   Celery beat uses, :meth:`Backend.slots() <django_leader.backends.base.Backend.slots>`),
+   fenced by the lease: a process that lost the lease cannot record it;
+2. the task is enqueued (with the slot's time as keyword ``slot_kwarg``, if the entry
+   names one: an idempotency key);
+3. the record is marked sent.
+
+A newly elected process reads the records first and continues after the last recorded
+slot. So no slot is enqueued twice across a failover, and a slot that fell due while
+nobody led is enqueued once, late (only the latest such slot: missed slots are not
+replayed). A leader that died between 1 and 2 leaves its slot unsent: the successor logs it
+and does not enqueue it (at most once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from ..backends import get_backend
+from ..backends.base import Backend
+from ..backends.slots import Slot, SlotStore, entry_key
+from ..exceptions import BackendUnavailable, LeadershipLost
+from ..lease import Lease
+from .compat import task_class
+
+logger = logging.getLogger("django_leader.tasks")
+
+#: The keys an entry of ``TASKS_SCHEDULE`` may have.
+ENTRY_KEYS = ("task", "every", "args", "kwargs", "slot_kwarg")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+#: Seconds a leader waits before it tries again to record or enqueue after the store or
+#: the task backend failed.
+RETRY_AFTER = 1.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the schedule: enqueue ``task`` every ``every`` seconds."""
+
+    name: str
+    task: str  # dotted path of a django.tasks Task
+    every: float
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The keyword the slot's time (ISO 8601, the store's clock) is passed as, if any.
+    slot_kwarg: str | None = None
+
+    @property
+    def key(self) -> str:
+        """How the entry is named in the slot records."""
+        return entry_key(self.name)
+
+    def due(self, now: datetime) -> datetime:
+        """The latest slot at or before ``now``: a multiple of ``every`` since the epoch
+        (counted in microseconds, so that a slot is the same datetime every time)."""
+        step = max(1, round(self.every * 1_000_000))
+        micros = (now - EPOCH) // timedelta(microseconds=1)
+        return EPOCH + timedelta(microseconds=micros // step * step)
+
+    def resolve(self) -> Any:
+        """The Task the entry enqueues."""
+        try:
+            task = import_string(self.task)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"DJANGO_LEADER['TASKS_SCHEDULE'][{self.name!r}]['task']: cannot import "
+                f"{self.task!r}: {exc}"
+            ) from None
+        if not isinstance(task, task_class()):
+            raise ImproperlyConfigured(
+                f"DJANGO_LEADER['TASKS_SCHEDULE'][{self.name!r}]['task']: {self.task!r} is "
+                f"not a task (decorate it with @task or @singleton_task), got {task!r}"
+            )
+        return task
+
+
+def load_schedule(raw: Any = None) -> list[Entry]:
+    """The entries of ``raw`` (default: ``DJANGO_LEADER["TASKS_SCHEDULE"]``), validated;
+    ImproperlyConfigured naming the key and the rule otherwise."""
+    if raw is None:
+        raw = (getattr(django_settings, "DJANGO_LEADER", None) or {}).get("TASKS_SCHEDULE", {})
+    where = "DJANGO_LEADER['TASKS_SCHEDULE']"
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured(f"{where} must be a dict of entry name -> entry")
+    entries = []
+    for name, spec in raw.items():
+        here = f"{where}[{name!r}]"
+        if not isinstance(name, str) or not name:
+            raise ImproperlyConfigured(f"{where}: entry names must be non-empty strings")
+        if not isinstance(spec, Mapping):
+            raise ImproperlyConfigured(f"{here} must be a dict with 'task' and 'every'")
+        unknown = sorted(set(spec) - set(ENTRY_KEYS))
+        if unknown:
+            raise ImproperlyConfigured(
+                f"{here} has unknown key(s) {', '.join(unknown)}; known: {', '.join(ENTRY_KEYS)}"
+            )
+        task = spec.get("task")
+        if not isinstance(task, str) or "." not in task:
+            raise ImproperlyConfigured(f"{here}['task'] must be the dotted path of a task")
+        every = spec.get("every")
+        if isinstance(every, timedelta):
+            every = every.total_seconds()
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0:
+            raise ImproperlyConfigured(
+                f"{here}['every'] must be a number of seconds > 0 or a timedelta, got "
+                f"{spec.get('every')!r}"
+            )
+        if not math.isfinite(every):
+            raise ImproperlyConfigured(f"{here}['every'] must be finite")
+        args = spec.get("args", ())
+        if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+            raise ImproperlyConfigured(f"{here}['args'] must be a list")
+        kwargs = spec.get("kwargs", {})
+        if not isinstance(kwargs, Mapping):
+            raise ImproperlyConfigured(f"{here}['kwargs'] must be a dict")
+        slot_kwarg = spec.get("slot_kwarg")
+        if slot_kwarg is not None and (not isinstance(slot_kwarg, str) or not slot_kwarg):
+            raise ImproperlyConfigured(f"{here}['slot_kwarg'] must be a keyword name or None")
+        try:
+            json.dumps([list(args), dict(kwargs)])
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"{here}: args and kwargs must be JSON-serializable (tasks store them so): {exc}"
+            ) from None
+        entries.append(
+            Entry(name, task, float(every), tuple(args), dict(kwargs), slot_kwarg or None)
+        )
+    return entries
+
+
+class Enqueuer:
+    """Enqueues the slots of ``entries`` that fall due while ``lease`` is held: one term
+    of the leader (see the module's docstring)."""
+
+    def __init__(self, lease: Lease, entries: Sequence[Entry], slots: SlotStore) -> None:
+        self.lease = lease
+        self.entries = list(entries)
+        self.tasks = {entry.name: entry.resolve() for entry in self.entries}
+        self.slots = slots
+        self.last: dict[str, datetime] = {}  # entry key -> last slot recorded (store clock)
+        self.offset = 0.0  # the store's clock minus ours, in seconds
+
+    def start(self) -> None:
+        """Read the last recorded slots and the store's clock."""
+        records = self.slots.load(self.lease)
+        sent = time.time()
+        store_now = self.slots.now()
+        received = time.time()
+        # Within half the round trip: slots are times on the store's clock.
+        self.offset = store_now.timestamp() - (sent + received) / 2
+        for entry in self.entries:
+            slot = records.get(entry.key)
+            if slot is None:
+                continue
+            self.last[entry.key] = slot.at
+            if not slot.sent and slot.token != self.lease.token:
+                logger.warning(
+                    "tasks schedule: %s (token %s) stopped between recording slot %s of %r "
+                    "and enqueueing it; it is not enqueued again (a slot is never enqueued "
+                    "twice)",
+                    slot.holder,
+                    slot.token,
+                    slot.at.isoformat(),
+                    entry.name,
+                )
+
+    def step(self) -> float:
+        """Enqueue what is due now; the seconds until the next slot falls due."""
+        now = datetime.now(timezone.utc) + timedelta(seconds=self.offset)
+        wait = math.inf
+        for entry in self.entries:
+            due = entry.due(now)
+            last = self.last.get(entry.key)
+            if last is None or due > last:
+                self.enqueue(entry, due)
+            wait = min(wait, (due - now).total_seconds() + entry.every)
+        return max(0.0, wait)
+
+    def enqueue(self, entry: Entry, at: datetime) -> None:
+        lease = self.lease
+        slot = Slot(entry.key, at, lease.token, lease.holder, uuid.uuid4().hex)
+        self.slots.claim(lease, slot)  # LeadershipLost: the term is over
+        self.last[entry.key] = at
+        kwargs = dict(entry.kwargs)
+        if entry.slot_kwarg:
+            kwargs[entry.slot_kwarg] = at.isoformat()
+        try:
+            result = self.tasks[entry.name].enqueue(*entry.args, **kwargs)
+        except Exception as exc:  # recorded, not enqueued: never again (at most once)
+            logger.error(
+                "tasks schedule: slot %s of %r recorded but could not be enqueued: %s",
+                at.isoformat(),
+                entry.name,
+                exc,
+            )
+            return
+        logger.info(
+            "tasks schedule: enqueued %r for slot %s (result %s, token %s)",
+            entry.name,
+            at.isoformat(),
+            result.id,
+            lease.token,
+        )
+        try:
+            self.slots.confirm(lease, slot)
+        except Exception as exc:
+            logger.warning("tasks schedule: could not mark slot %s sent: %s", at.isoformat(), exc)
+
+
+def run_schedule(
+    lease: Lease,
+    *,
+    schedule: Sequence[Entry] | None = None,
+    backend: Backend | None = None,
+) -> None:
+    """Enqueue the schedule's tasks while ``lease`` is held: the work of an Elector, and
+    what ``manage.py runleader NAME --tasks`` runs. ``schedule``: default
+    ``TASKS_SCHEDULE``; ``backend``: the lease's store (default: the configured one).
+    Returns once the lease is lost."""
+    entries = load_schedule() if schedule is None else list(schedule)
+    store = get_backend() if backend is None else backend
+    enqueuer = Enqueuer(lease, entries, store.slots())
+    if not entries:
+        logger.warning("tasks schedule: DJANGO_LEADER['TASKS_SCHEDULE'] is empty")
+    started = False
+    while not lease.lost.is_set():
+        try:
+            if not started:
+                enqueuer.start()
+                started = True
+            wait = enqueuer.step()
+        except LeadershipLost as exc:
+            logger.info("tasks schedule: no longer leading: %s", exc)
+            return
+        except BackendUnavailable as exc:
+            logger.warning("tasks schedule: the lease store failed, trying again: %s", exc)
+            wait = RETRY_AFTER
+        lease.heartbeat()  # for runleader --tasks --watchdog
+        lease.lost.wait(min(wait, 1.0))
