@@ -920,6 +920,9 @@ class _CampaignThread(threading.Thread):
     """The thread of :meth:`Elector.start`; ``await elector.start()`` is allowed (it has
     started already)."""
 
+    def __repr__(self) -> str:  # a Thread, as before it could be awaited
+        return super().__repr__().replace(type(self).__name__, "Thread", 1)
+
     def __await__(self) -> Generator[Any, None, _CampaignThread]:
         return self
         yield  # a generator: awaiting it returns at once
