@@ -208,9 +208,7 @@ class Lease:
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
-        def wake() -> None:  # on whichever thread marks the lease lost
-            with suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(woken.set)
+        wake = aio.waker(loop, woken)
 
         with self._lock:
             if self.lost.is_set():

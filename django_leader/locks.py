@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from types import TracebackType
 from typing import Any
 
@@ -218,9 +217,7 @@ class Lock:
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
-        def wake() -> None:  # on the store's watch thread
-            with suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(woken.set)
+        wake = aio.waker(loop, woken)
 
         watch: Watch | None = None
         try:

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncGenerator, Generator
-from contextlib import suppress
 from types import TracebackType
 
 from . import aio
@@ -122,9 +121,7 @@ class Observation:
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
-        def wake() -> None:  # on the store's watch thread
-            with suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(woken.set)
+        wake = aio.waker(loop, woken)
 
         watch = self.backend.watch(self.name, wake)
         caller = StoreCaller(self.backend, f"{self.name}:observe")

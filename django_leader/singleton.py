@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import random
 import string
 from collections.abc import Callable
 from typing import Any
 
-from .conf import MAX_NAME_LENGTH, validate_name
+from .conf import MAX_NAME_LENGTH, get_settings, validate_name
 
 Key = str | Callable[..., str] | None
 
@@ -107,3 +108,12 @@ class SingletonSpec:
                 f"singleton_task key {key!r} cannot be formatted with args={args!r} "
                 f"kwargs={kwargs!r}: {exc!r}"
             ) from None
+
+
+def retry_countdown(delay: float | None) -> float:
+    """Seconds before a singleton task that found its lock held runs again: ``delay``
+    (default ``RETRY_INTERVAL``) plus up to half of it, so that calls that met one lock
+    do not all come back at once."""
+    if delay is None:
+        delay = get_settings().timing.retry_interval
+    return delay * random.uniform(1.0, 1.5)

@@ -27,7 +27,6 @@ import functools
 import inspect
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -47,7 +46,7 @@ from ..conf import (
 from ..exceptions import BackendUnavailable, LeaseHeld
 from ..lease import Lease, _use_lease
 from ..locks import Lock
-from ..singleton import Key, SingletonSpec
+from ..singleton import Key, SingletonSpec, retry_countdown
 from ..term import resolve_backend
 
 logger = logging.getLogger("django_leader.celery")
@@ -174,11 +173,7 @@ class Singleton(SingletonSpec):
             # (A retry needs a task request: not when the function is called directly.)
             logger.info("%s not run: %s", label, exc)
             raise exc
-        delay = self.retry_delay
-        if delay is None:
-            delay = get_settings().timing.retry_interval
-        # A little jitter, so that calls that met one lock do not all come back at once.
-        countdown = delay * random.uniform(1.0, 1.5)
+        countdown = retry_countdown(self.retry_delay)
         logger.info("%s retried in %.2fs: %s", label, countdown, exc)
         raise task.retry(exc=exc, countdown=countdown)
 

@@ -15,16 +15,14 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import random
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar, overload
 
-from ..conf import get_settings
 from ..exceptions import LeaseHeld
 from ..lease import _use_lease
 from ..locks import Lock
-from ..singleton import Key, SingletonSpec
+from ..singleton import Key, SingletonSpec, retry_countdown
 from .compat import framework
 
 logger = logging.getLogger("django_leader.tasks")
@@ -117,11 +115,7 @@ class TaskSingleton(SingletonSpec):
                 exc,
             )
             raise exc
-        delay = self.retry_delay
-        if delay is None:
-            delay = get_settings().timing.retry_interval
-        # A little jitter, so that calls that met one lock do not all come back at once.
-        countdown = delay * random.uniform(1.0, 1.5)
+        countdown = retry_countdown(self.retry_delay)
         task_args = args[1:] if self.takes_context else args
         later = datetime.now(timezone.utc) + timedelta(seconds=countdown)
         result = task.using(run_after=later).enqueue(*task_args, **kwargs)

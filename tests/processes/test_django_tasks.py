@@ -120,6 +120,7 @@ def worker(fleet: Fleet, label: str) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.parametrize("lease_store", ["postgresql", "redis"], indirect=True)
 def test_schedule_sends_no_slot_twice_across_a_sigkill_of_the_leader(
     lease_store: Any, tmp_path: Path
 ) -> None:
