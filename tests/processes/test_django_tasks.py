@@ -1,13 +1,14 @@
 """django_leader.tasks between real processes: ``manage.py runleader NAME --tasks``
 enqueuers and ``manage.py db_worker`` workers (django-tasks-db's database backend) on this
-test run's databases, with the lease in PostgreSQL, Redis or SQLite.
+test run's databases (the tasks' table in the SQLite default database).
 
-- The schedule: two enqueuers, a 1 s entry, 20 s, the leader SIGKILLed at 8 s, a third
-  enqueuer started, and the next leader stopped with SIGTERM at 14 s (a hand-over within
-  one slot): no slot is enqueued twice (the task records the slot it was enqueued for)
-  and the schedule goes on after each failover.
-- The singleton: two workers run many executions of one key: never two at once (each
-  execution records its start and end), while another key runs beside them.
+- The schedule (leases in PostgreSQL and in Redis): two enqueuers, a 1 s entry, 20 s,
+  the leader SIGKILLed at 8 s, a third enqueuer started, and the next leader stopped with
+  SIGTERM at 14 s (a hand-over within one slot): no slot is enqueued twice (the task
+  records the slot it was enqueued for), and the schedule goes on after each failover.
+- The singleton (leases in PostgreSQL, Redis and SQLite): two workers run many
+  executions of one key, never two at once (each execution records its start and end),
+  and executions of another key beside them.
 """
 
 from __future__ import annotations
