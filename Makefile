@@ -73,12 +73,14 @@ COVERAGE ?=
 COVERAGE_ARGS := $(if $(COVERAGE),--cov=django_leader --cov-branch --cov-report=term-missing:skip-covered)
 
 # TEST_WORKERS: pytest-xdist processes (0: one process). Most tests wait on leases, stores
-# and child processes rather than compute, so two workers on two cores take about half the
-# time. Each worker has its own test databases and Redis databases (testproject/services.py).
-TEST_WORKERS ?= 2
+# and child processes rather than compute (the suite keeps two cores about 40 % busy), so
+# three workers on two cores finish sooner; the chaos runs share one worker
+# (xdist_group "chaos", --dist loadgroup). Each worker has its own test databases and Redis
+# databases (testproject/services.py).
+TEST_WORKERS ?= 3
 
 test: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(COVERAGE_ARGS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(COVERAGE_ARGS) $(PYTEST_ARGS)
 
 # Every check runs even if an earlier one fails, so one pass shows every problem: ruff's
 # lint rules and format, mypy over django_leader/ and tests/, and no model change without

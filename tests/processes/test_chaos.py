@@ -24,7 +24,9 @@ from tests.support.stores import REQUIRE_SERVICES, stores_db, zookeeper_backend
 from tests.support.waiting import wait_until
 from tests.support.zookeeper_server import ZooKeeperServer
 
-pytestmark = pytest.mark.multiprocess
+# The chaos runs one after the other, on one pytest worker: each starts a store and five
+# candidates, and their liveness bound (TTL + RETRY + 1 s) wants the cores they share.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("chaos")]
 
 DURATION = 30.0
 SEED = 10
