@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import hooks
@@ -145,15 +146,8 @@ class Session:
         on_late: Callable[[T], None] | None = None,
     ) -> T:
         """``StoreCaller.call`` on the session's caller."""
-        with self._cond:
-            caller = self._caller()
-            self._users += 1
-        try:
+        with self._waiting() as caller:
             return caller.call(timeout, fn, *args, on_late=on_late)
-        finally:
-            with self._cond:
-                self._users -= 1
-                self._last_use = clock()
 
     async def acall(
         self,
@@ -163,11 +157,18 @@ class Session:
         on_late: Callable[[T], None] | None = None,
     ) -> T:
         """``StoreCaller.acall`` on the session's caller (for coroutines)."""
+        with self._waiting() as caller:
+            return await caller.acall(timeout, fn, *args, on_late=on_late)
+
+    @contextmanager
+    def _waiting(self) -> Iterator[StoreCaller]:
+        """The caller, counted as in use while somebody waits for a call on it (an idle
+        session is one nobody waits on)."""
         with self._cond:
             caller = self._caller()
             self._users += 1
         try:
-            return await caller.acall(timeout, fn, *args, on_late=on_late)
+            yield caller
         finally:
             with self._cond:
                 self._users -= 1
