@@ -48,15 +48,17 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return bool(done)
 
 
-def waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
-    """A function any thread may call to set ``event`` on ``loop`` (a no-op once the loop
-    is closed: nobody waits any more)."""
+def wakeable() -> tuple[asyncio.Event, Callable[[], None]]:
+    """An event of the running loop, and a function any thread may call to set it there
+    (a no-op once the loop is closed: nobody waits any more)."""
+    loop = asyncio.get_running_loop()
+    event = asyncio.Event()
 
     def wake() -> None:
         with suppress(RuntimeError):
             loop.call_soon_threadsafe(event.set)
 
-    return wake
+    return event, wake
 
 
 #: The running work tasks of each elector (what ``stop()`` called from the work must not

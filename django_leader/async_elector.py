@@ -16,7 +16,6 @@ import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 from types import TracebackType
 from typing import Any
 
@@ -191,7 +190,8 @@ class AsyncElector:
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError(f"{self!r} is already running")
         loop = self._bind()
-        ended = self._ended = asyncio.Event()
+        ended, end = aio.wakeable()
+        self._ended = ended
         self._failed = None
         self._elector._stop.clear()
         run_work: AsyncWork | None = work
@@ -214,8 +214,7 @@ class AsyncElector:
                 logger.exception("the campaign for %r failed", self.name)
                 self._failed = exc
             finally:
-                with suppress(RuntimeError):  # the loop is closed: nobody waits
-                    loop.call_soon_threadsafe(ended.set)
+                end()
 
         self._thread = threading.Thread(
             target=campaign, name=f"leader-elector:{self.name}", daemon=True
@@ -240,11 +239,10 @@ class AsyncElector:
         (``lease.lost`` set, the work cancelled and awaited, then the lease released),
         awaited without blocking the loop. Called from the work or a callback, it only asks
         and returns: the campaign ends once that returns."""
+        self._elector._ask_stop(release)
         if asyncio.current_task() in aio.terms_of(self._elector):
-            self._elector.stop(release, timeout=0)  # only asks: the work must return first
-            return
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, functools.partial(self._elector.stop, release, timeout))
+            return  # the work itself: the campaign ends once it returns
+        await self._elector._await_stop(release, timeout)
         if self._ended is not None and timeout is None:
             await self._ended.wait()
 

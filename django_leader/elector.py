@@ -250,8 +250,7 @@ class Elector:
 
     async def _await_leadership(self, timeout: float | None) -> bool:
         """:meth:`wait_for_leadership` for a coroutine: woken by the campaign thread."""
-        woken = asyncio.Event()
-        wake = aio.waker(asyncio.get_running_loop(), woken)
+        woken, wake = aio.wakeable()
         with self._state:
             self._elected_waiters.append(wake)
         give_up = None if timeout is None else clock() + timeout
@@ -299,22 +298,17 @@ class Elector:
 
         From a signal handler, prefer setting a flag that your main thread turns into
         ``stop()``: a handler that interrupts code holding the same lock can deadlock."""
-        self._release_on_stop = release
-        self._stop.set()
-        self._wake.set()
-        self._follow.set()
+        self._ask_stop(release)
         with self._state:
             campaigning, ended = self._campaigning, self._ended
         thread = self._thread
         if threading.current_thread() in (campaigning, thread, self._worker):
             return  # the campaign ends once this call's caller returns
-        loop = aio.running_loop()
-        if loop is not None:
+        if aio.running_loop() is not None:
             # A coroutine: waiting here would block the loop, which may be running the
             # work the campaign waits for. ``await elector.stop()`` waits without blocking.
             return cast(
-                None,
-                aio.Awaited(lambda: self._await_stop(release, timeout, loop), "Elector.stop()"),
+                None, aio.Awaited(lambda: self._await_stop(release, timeout), "Elector.stop()")
             )
         give_up = None if timeout is None else clock() + timeout
         if ended is not None:
@@ -322,16 +316,20 @@ class Elector:
         if thread is not None:  # start()'s thread: until it is gone, so start() may follow
             thread.join(None if give_up is None else max(0.0, give_up - clock()))
 
-    async def _await_stop(
-        self, release: bool, timeout: float | None, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """The wait of :meth:`stop` for a coroutine, in a thread of the loop's executor."""
-        if asyncio.current_task() in self._work_tasks():
-            return  # the work itself: the campaign ends once it returns
-        await loop.run_in_executor(None, functools.partial(self.stop, release, timeout))
+    def _ask_stop(self, release: bool) -> None:
+        """Tell the campaign to end (and whether to release), without waiting for it."""
+        self._release_on_stop = release
+        self._stop.set()
+        self._wake.set()
+        self._follow.set()
 
-    def _work_tasks(self) -> set[asyncio.Task[Any]]:
-        return aio.terms_of(self)
+    async def _await_stop(self, release: bool, timeout: float | None) -> None:
+        """The wait of :meth:`stop` for a coroutine (asked already), in a thread of the
+        loop's executor; none from the work itself, which must return first."""
+        if asyncio.current_task() in aio.terms_of(self):
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, functools.partial(self.stop, release, timeout))
 
     def resign(self, backoff: float | None = None) -> None:
         """Step down now: set ``lease.lost``, wait for the work to return, release the lease,

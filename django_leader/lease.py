@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import threading
 import time
@@ -205,11 +204,7 @@ class Lease:
         deadline) whatever the loop is doing; this only hears of it."""
         if self.lost.is_set():
             return True
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        wake = aio.waker(loop, woken)
-
+        woken, wake = aio.wakeable()
         with self._lock:
             if self.lost.is_set():
                 return True

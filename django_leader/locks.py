@@ -214,11 +214,7 @@ class Lock:
         """:meth:`_acquire` for a coroutine: the wait for a release is an ``asyncio``
         wait, woken from the store's watch thread. Cancelled, it leaves nothing held."""
         give_up = None if self.timeout is None else clock() + self.timeout
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        wake = aio.waker(loop, woken)
-
+        woken, wake = aio.wakeable()
         watch: Watch | None = None
         try:
             while True:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import AsyncGenerator, Generator
@@ -118,11 +117,7 @@ class Observation:
         await self.aclose()
 
     async def _afollow(self) -> AsyncGenerator[Lease | None, None]:
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        wake = aio.waker(loop, woken)
-
+        woken, wake = aio.wakeable()
         watch = self.backend.watch(self.name, wake)
         caller = StoreCaller(self.backend, f"{self.name}:observe")
         bound = call_bound(self.timing)
