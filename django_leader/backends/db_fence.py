@@ -8,7 +8,7 @@ other stores. Both are a :func:`bounded_transaction`: one that ends with the lea
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from typing import Any
 
 from django.db import connections, transaction
@@ -17,6 +17,7 @@ from django.db.utils import InterfaceError, OperationalError
 
 from ..exceptions import LeadershipLost
 from ..lease import Lease, clock
+from .db_socket import SocketBound
 from .sql import Dialect
 
 #: The least time, in seconds, a fenced transaction is given by the server before it is
@@ -47,9 +48,11 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
 
     No statement of it starts after the lease's local deadline, nor does it commit then
     (``LeadershipLost``, rolled back), and the server is told to end it should it still run
-    or sit idle once the lease is over (see :meth:`DatabaseBackend.fenced`). Outside an
-    outer ``atomic()`` block, a connection that failed before is replaced if the server
-    dropped it, and one that fails inside is closed, so that the next call reconnects.
+    or sit idle once the lease is over (see :meth:`DatabaseBackend.fenced`); the client's
+    socket gives up on an unanswered server by then too (``db_socket.py``: a cut network),
+    and has its own settings back afterwards. Outside an outer ``atomic()`` block, a
+    connection that failed before is replaced if the server dropped it, and one that fails
+    inside is closed, so that the next call reconnects.
     """
     lease.check()
     connection = connections[alias]
@@ -69,6 +72,7 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
                 connection.close()
         raise
     finally:
+        fence.socket.restore()
         if fence.saved and connection.connection is not None:
             with suppress(DjangoDBError), connection.cursor() as cursor:
                 dialect.unbound_transaction(cursor, fence.saved)
@@ -108,7 +112,12 @@ def _recycle(connection: Any) -> None:
 
 class _Fence:
     """The execute wrapper of a fenced transaction: before each statement, refuse it once
-    the local deadline has passed, and (re)set the server's bounds on the transaction."""
+    the local deadline has passed, and (re)set the server's bounds on the transaction (and
+    the client socket's).
+
+    The bounds are set on a cursor of their own: set on the statement's cursor after the
+    statement, they would replace its result (a statement of a second or more once
+    returned the timeouts instead of its rows)."""
 
     def __init__(self, dialect: Dialect, connection: Any, lease: Lease) -> None:
         self.dialect = dialect
@@ -117,6 +126,8 @@ class _Fence:
         self.armed_at: float | None = None
         #: What the dialect must restore once the transaction is over (MySQL: variables).
         self.saved: dict[str, Any] = {}
+        #: The client-side bound on the connection's socket (set once it is connected).
+        self.socket = SocketBound(None)
 
     def check(self, what: str) -> None:
         if not self.lease.held:
@@ -125,17 +136,23 @@ class _Fence:
                 f"inside fenced(), refusing to {what}; the transaction is rolled back"
             )
 
-    def arm(self, raw_cursor: Any) -> None:
+    def arm(self) -> None:
+        if self.armed_at is None:
+            self.socket = SocketBound(self.connection.connection)
         self.armed_at = clock()
         seconds = max(FENCE_FLOOR, self.lease.time_left())
-        with self.connection.wrap_database_errors:
-            self.dialect.bound_transaction(raw_cursor, self.connection, seconds, self.saved)
+        self.socket.set(seconds)
+        with (
+            self.connection.wrap_database_errors,
+            closing(self.connection.connection.cursor()) as raw,
+        ):
+            self.dialect.bound_transaction(raw, self.connection, seconds, self.saved)
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.check("run a statement")
         if self.armed_at is None or clock() - self.armed_at >= FENCE_FLOOR:
-            self.arm(context["cursor"].cursor)
+            self.arm()
         result = execute(sql, params, many, context)
         if clock() - self.armed_at >= FENCE_FLOOR:  # type: ignore[operator]
-            self.arm(context["cursor"].cursor)  # a long statement: bound the idle after it
+            self.arm()  # a long statement: bound the idle after it
         return result
