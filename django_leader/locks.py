@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import aio
+from . import aio, jitter
 from .backends.base import Backend, Watch
 from .caller import Caller
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
@@ -291,7 +291,7 @@ class Lock:
                 "has stopped believing it leads; or it was released just now)"
             )
             raise LeaseHeld(f"lease {self.name!r} is held{holder}")
-        pause = timing.retry_interval
+        pause = jitter.shorter(timing.retry_interval)  # waiters not in lockstep
         if give_up is not None:
             pause = min(pause, give_up - now)
         return None, max(0.0, pause)
