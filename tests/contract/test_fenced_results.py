@@ -104,10 +104,10 @@ def test_a_slow_insert_returns_the_row_it_inserted(store: Backend, alias: str) -
     assert FencedWrite.objects.using(alias).get(pk=written.pk).writer == "orm"
 
 
-def test_returning_after_a_slow_statement_names_the_inserted_row(alias: str) -> None:
+def test_returning_after_a_slow_statement_names_the_inserted_row() -> None:
     """PostgreSQL's ``INSERT … RETURNING`` that itself takes over a second."""
-    if connections[alias].vendor != "postgresql":
-        pytest.skip("RETURNING is PostgreSQL's (MariaDB's INSERT … RETURNING is not used)")
+    alias = DATABASE_STORES["postgresql"]
+    require(alias)
     store = DatabaseBackend(alias)
     table = connections[alias].ops.quote_name(FencedWrite._meta.db_table)
     try:
