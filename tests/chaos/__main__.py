@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runleaders", type=int, default=2)
     parser.add_argument("--workdir", type=Path, help="keep logs and the store here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="candidates and store in network namespaces, partitions among the faults "
+        "(default: where namespaces can be made, for every store but SQLite)",
+    )
+    parser.add_argument(
+        "--faults",
+        default="",
+        help="only these fault kinds, comma-separated ('partition': every network fault)",
+    )
     args = parser.parse_args(argv)
     if args.recheck is None and args.store is None:
         parser.error("--store is required (or --recheck WORKDIR)")
@@ -47,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         store=args.store or "", duration=args.duration, seed=args.seed, ttl=args.ttl,
         renew_interval=args.renew_interval, retry_interval=args.retry_interval,
         lock_delay=args.lock_delay, electors=args.electors, runleaders=args.runleaders,
-        workdir=args.workdir, keep=args.keep,
+        workdir=args.workdir, keep=args.keep, network=args.network,
+        kinds=tuple(k for k in args.faults.split(",") if k),
     )  # fmt: skip
 
     def say(line: str) -> None:

@@ -14,7 +14,9 @@ monotonic clock (``CLOCK_BOOTTIME``, the same in every process of the machine). 
 ``fault``         the nemesis injected ``kind`` at ``t``; the store answered again at
                   ``ready`` (``t`` for faults that leave the store up); ``lossy`` when the
                   store may have lost state (Redis flushed, restarted without persistence
-                  or from an older snapshot), which allows the lock-delay.
+                  or from an older snapshot), which allows the lock-delay; ``slack``,
+                  seconds the fault's kind adds to the liveness bound (a partition's,
+                  documented in docs/chaos.md; 0 by default).
 ``write``, ``write_error``
                   a fenced write by ``who`` with ``token`` committed / failed with an error
                   other than ``LeadershipLost`` (a dead connection, a timeout).
@@ -36,7 +38,8 @@ What is checked (each failure is a :class:`Violation` named after its check):
                    TTL + RETRY_INTERVAL + grace after the store answers: a leader that
                    holds the lease but can do nothing must recover or step down.
 ``liveness``       after each fault a leader acts within TTL + RETRY_INTERVAL + lock-delay
-                   (lossy faults only) + grace, counted from when the store answers.
+                   (lossy faults only) + grace + the fault's ``slack``, counted from when
+                   the store answers (``ready``).
 ``task-lost``      every singleton task sent completes at least once.
 ``task-overlap``   no two executions with one key run at once.
 """
@@ -327,7 +330,7 @@ def _recoveries(
     recoveries = []
     for index, fault in enumerate(faults):
         start, ready = float(fault["t"]), float(fault.get("ready", fault["t"]))
-        bound = params.bound(bool(fault.get("lossy")))
+        bound = params.bound(bool(fault.get("lossy"))) + float(fault.get("slack", 0.0))
         window = ready + bound
         if index + 1 < len(faults):
             window = min(window, float(faults[index + 1]["t"]) - params.gap)

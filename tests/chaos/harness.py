@@ -48,7 +48,9 @@ from random import Random
 from typing import Any, TypeVar
 
 from tests.chaos import checker
+from tests.chaos.network import STORE, Network
 from tests.chaos.stores import STORES, Store, clock
+from tests.support import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = "chaos"
@@ -82,6 +84,12 @@ class Config:
     #: removed after the run unless ``keep``).
     workdir: Path | None = None
     keep: bool = False
+    #: Candidates and store in network namespaces of their own, with partitions among
+    #: the faults: True, False, or None for "where namespaces can be made" (not SQLite).
+    network: bool | None = None
+    #: Only these fault kinds (names, or ``partition`` for every network fault); empty:
+    #: every kind that applies.
+    kinds: tuple[str, ...] = ()
 
     @property
     def params(self) -> checker.Params:
@@ -134,9 +142,11 @@ class Tail:
 
 
 class Harness:
-    def __init__(self, config: Config, store: Store, workdir: Path) -> None:
+    def __init__(self, config: Config, store: Store, workdir: Path,
+                 network: Network | None = None) -> None:  # fmt: skip
         self.config = config
         self.store = store
+        self.network = network
         self.workdir = workdir
         self.logdir = workdir / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -183,9 +193,17 @@ class Harness:
             **self.store.env(),
         }
 
+    def command(self, port: str, argv: list[str]) -> list[str]:
+        """``argv`` run in ``port``'s namespace (a slot, or the store's), if on a network."""
+        return argv if self.network is None else self.network.command(port, argv)
+
+    def at_store(self) -> contextlib.AbstractContextManager[None]:
+        """The calling thread where the store's server runs (its namespace) for a block."""
+        return contextlib.nullcontext() if self.network is None else self.network.inside(STORE)
+
     def migrate(self) -> None:
         done = subprocess.run(
-            [sys.executable, "-m", "tests.chaos.candidate", "--migrate"],
+            self.command(STORE, [sys.executable, "-m", "tests.chaos.candidate", "--migrate"]),
             cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         if done.returncode != 0:
@@ -207,8 +225,9 @@ class Harness:
                    "--retry-interval", str(c.retry_interval),
                    "--", sys.executable, "-m", "tests.chaos.payload"]  # fmt: skip
         with open(self.logdir / f"{identity}.out", "ab") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(self.command(slot, cmd), cwd=ROOT, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)  # fmt: skip
         self.procs[identity] = proc
         self.slots[slot] = identity
         self.event("spawn", who=identity, pid=proc.pid)
@@ -312,105 +331,240 @@ class Harness:
 
     # -- the nemesis ------------------------------------------------------------------
 
-    def applicable(self, leader: dict[str, Any] | None) -> list[str]:
-        kinds = []
-        if leader is not None and self.procs[leader["who"]].poll() is None:
-            kinds += ["kill", "stop", "term"]
-            if leader.get("role") == "payload":
-                kinds.append("guard-kill")
-            elif self.store.fenced:
-                kinds.append("fenced-freeze")
-        snapshot = getattr(self.store, "snapshot", None)
-        kinds += [k for k in self.store.faults if k != "redis-restore-old" or snapshot]
+    def kinds(self) -> list[FaultKind]:
+        """The fault kinds of this run: :data:`FAULTS`, the store's own, and the network's
+        when the run has one (restricted to ``config.kinds`` if given)."""
+        kinds = [kind for kind in FAULTS if not kind.network or self.network is not None]
+        kinds += [FaultKind(name, partial(Harness.store_fault, kind=name),
+                            partial(_store_fault_applies, kind=name))
+                  for name in self.store.faults]  # fmt: skip
+        wanted = set(self.config.kinds)
+        if wanted:
+            kinds = [k for k in kinds if k.name in wanted or ("partition" in wanted and k.network)]
         return kinds
 
     def fault(self, kind: str, start: float, ready: float, lossy: bool = False,
               **fields: Any) -> dict[str, Any]:  # fmt: skip
         return self.event("fault", kind=kind, t=start, ready=ready, lossy=lossy, **fields)
 
-    def inject(self, kind: str, leader: dict[str, Any] | None) -> dict[str, Any] | None:
-        c = self.config
-        if kind in ("kill", "term", "stop", "guard-kill", "fenced-freeze"):
-            assert leader is not None
-            who = leader["who"]
-            pid = self.procs[who].pid
-            if kind == "guard-kill":
-                guard = int(leader["ppid"])
-                if not self.ours(guard):
-                    return None
-                start = clock()
-                os.kill(guard, signal.SIGKILL)
-                return self.fault(kind, start, start, target=who, token=leader["token"])
-            if kind == "fenced-freeze":
-                armed = clock()
-                os.kill(pid, signal.SIGUSR1)
-                frozen = self.until(
-                    lambda: next((r for r in self.freezing if r["who"] == who
-                                  and r["t"] >= armed), None),
-                    timeout=1.5,
-                )  # fmt: skip
-                if frozen is None:
-                    self.event("skipped", kind=kind, who=who)
-                    return None
-                start = float(frozen["t"])
-                record = self.fault(kind, start, start, target=who, token=leader["token"])
-                self.until(lambda: clock() >= start + self.rng.uniform(2.5, 3.5) * c.ttl, 60)
-                os.kill(pid, signal.SIGCONT)
-                if self.store.name == "sqlite":
-                    # SQLite has no server to abort the frozen transaction: its file lock
-                    # keeps every writer out until the process runs again, so the store
-                    # answers only from then on (docs/database-backend.md).
-                    record["ready"] = clock()
-                return record
-            sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[kind]
-            start = clock()
-            os.kill(pid, sig)
-            record = self.fault(kind, start, start, target=who, token=leader["token"])
-            if kind == "stop":
-                self.wait(self.rng.uniform(1.2, 2.0) * c.ttl)
-                os.kill(pid, signal.SIGCONT)
-            return record
-        injected = self.store.inject(kind, self.rng)
-        record = self.fault(kind, injected.start, injected.ready, injected.lossy,
-                            detail=injected.detail)  # fmt: skip
-        take_snapshot = getattr(self.store, "take_snapshot", None)
-        if take_snapshot is not None and self.rng.random() < 0.3:
-            take_snapshot()
-            self.event("snapshot")
-        return record
+    def bound(self, fault: dict[str, Any]) -> float:
+        """The liveness bound of ``fault``: the checker's (see :meth:`checker.Params.bound`)."""
+        return self.config.params.bound(bool(fault["lossy"])) + float(fault.get("slack", 0.0))
 
     def recovered(self, fault: dict[str, Any]) -> bool:
         """Whether a leader acts again after ``fault`` (another term than the one it hit,
-        for a fault aimed at the leader)."""
+        for a fault aimed at the leader; after a partition, once it healed)."""
         act = self.leader()
         if act is None:
             return False
+        after = max(float(fault["ready"]), float(fault.get("healed", fault["ready"])))
         if "target" in fault:
-            return act["t"] > fault["ready"] and (act["who"], act["token"]) != (
+            return act["t"] > after and (act["who"], act["token"]) != (
                 fault["target"],
                 fault["token"],
             )
+        if "healed" in fault:
+            return bool(act["t"] > after)
         # A store fault: long enough for its effects to show (an old leader acting on
         # after a flush, a leader whose writes keep failing), then a leader.
-        return bool(act["t"] > fault["ready"] + self.config.params.bound(fault["lossy"]))
+        return bool(act["t"] > fault["ready"] + self.bound(fault))
 
     def nemesis(self, duration: float) -> None:
         params = self.config.params
         end = clock() + duration
+        kinds = self.kinds()
         take_snapshot = getattr(self.store, "take_snapshot", None)
         if take_snapshot is not None:
-            take_snapshot()
+            with self.at_store():
+                take_snapshot()
             self.event("snapshot")
         while clock() < end:
             leader = self.until(self.leader, params.bound(True) + 5)
-            kinds = self.applicable(leader)
-            if not kinds:
+            choices = [kind for kind in kinds if kind.applies(self, leader)]
+            if not choices:
                 continue
-            kind = self.rng.choice(kinds)
-            fault = self.inject(kind, leader)
+            kind = self.rng.choices(choices, weights=[k.weight for k in choices])[0]
+            fault = kind.inject(self, leader)
             if fault is not None:
-                self.until(partial(self.recovered, fault), params.bound(fault["lossy"]) + 2)
+                self.until(partial(self.recovered, fault), self.bound(fault) + 2)
             self.wait(self.rng.uniform(0.3, 1.5))
+
+    def process_fault(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+        """``kill``, ``stop``, ``term``, ``guard-kill`` or ``fenced-freeze`` of the leader."""
+        c = self.config
+        assert leader is not None
+        who = leader["who"]
+        pid = self.procs[who].pid
+        if kind == "guard-kill":
+            guard = int(leader["ppid"])
+            if not self.ours(guard):
+                return None
+            start = clock()
+            os.kill(guard, signal.SIGKILL)
+            return self.fault(kind, start, start, target=who, token=leader["token"])
+        if kind == "fenced-freeze":
+            armed = clock()
+            os.kill(pid, signal.SIGUSR1)
+            frozen = self.until(
+                lambda: next((r for r in self.freezing if r["who"] == who
+                              and r["t"] >= armed), None),
+                timeout=1.5,
+            )  # fmt: skip
+            if frozen is None:
+                self.event("skipped", kind=kind, who=who)
+                return None
+            start = float(frozen["t"])
+            record = self.fault(kind, start, start, target=who, token=leader["token"])
+            self.until(lambda: clock() >= start + self.rng.uniform(2.5, 3.5) * c.ttl, 60)
+            os.kill(pid, signal.SIGCONT)
+            if self.store.name == "sqlite":
+                # SQLite has no server to abort the frozen transaction: its file lock
+                # keeps every writer out until the process runs again, so the store
+                # answers only from then on (docs/database-backend.md).
+                record["ready"] = clock()
+            return record
+        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[kind]
+        start = clock()
+        os.kill(pid, sig)
+        record = self.fault(kind, start, start, target=who, token=leader["token"])
+        if kind == "stop":
+            self.wait(self.rng.uniform(1.2, 2.0) * c.ttl)
+            os.kill(pid, signal.SIGCONT)
+        return record
+
+    def store_fault(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+        """One of the store's own faults (:attr:`tests.chaos.stores.Store.faults`)."""
+        with self.at_store():
+            injected = self.store.inject(kind, self.rng)
+        record = self.fault(kind, injected.start, injected.ready, injected.lossy,
+                            detail=injected.detail)  # fmt: skip
+        take_snapshot = getattr(self.store, "take_snapshot", None)
+        if take_snapshot is not None and self.rng.random() < 0.3:
+            with self.at_store():
+                take_snapshot()
+            self.event("snapshot")
+        return record
+
+    # -- partitions -------------------------------------------------------------------
+
+    def followers(self, leader: dict[str, Any] | None) -> list[str]:
+        """The slots whose candidate runs and does not lead."""
+        led = None if leader is None else _slot(leader["who"])
+        return [slot for slot, who in self.slots.items()
+                if slot != led and self.procs[who].poll() is None]  # fmt: skip
+
+    def partition(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+        """Cut, lose or delay frames (see :data:`PARTITIONS`) for a while, then heal."""
+        c, network = self.config, self.network
+        assert network is not None
+        fields: dict[str, Any] = {}
+        if kind == "part-store":
+            victim = STORE
+        elif kind == "part-follower":
+            victim = self.rng.choice(self.followers(leader))
+        else:
+            assert leader is not None
+            victim = _slot(leader["who"])
+        rules: list[dict[str, Any]]
+        if kind == "part-leader-replies":  # requests reach the store, replies do not
+            rules = [{"src": STORE, "dst": victim, "loss": 1.0}]
+        elif kind == "part-leader-requests":  # replies would, requests do not
+            rules = [{"src": victim, "dst": STORE, "loss": 1.0}]
+        elif kind == "delay-leader":
+            delay = self.rng.uniform(1.2, 3.0) * c.renew_interval
+            direction = self.rng.choice(["both", "requests", "replies"])
+            rules = []
+            if direction in ("both", "requests"):
+                rules.append({"src": victim, "dst": STORE, "delay": delay})
+            if direction in ("both", "replies"):
+                rules.append({"src": STORE, "dst": victim, "delay": delay})
+            fields.update(delay=round(delay, 3), direction=direction)
+        else:  # part-leader, part-follower, part-store: cut off both ways
+            rules = [{"src": victim, "dst": "*", "loss": 1.0},
+                     {"src": "*", "dst": victim, "loss": 1.0}]  # fmt: skip
+        low, high = PARTITIONS[kind]
+        seconds = self.rng.uniform(low, high) * c.ttl
+        network.apply(rules)
+        start = clock()
+        self.wait(seconds)
+        counts = network.heal()
+        healed = clock()
+        if kind in ("part-leader", "part-leader-replies", "part-leader-requests"):
+            assert leader is not None
+            fields.update(target=leader["who"], token=leader["token"])
+        # From when may a leader be asked for (see docs/chaos.md, "Partitions").
+        ready, slack = start, 0.0
+        if kind == "part-leader-replies":
+            slack = c.ttl  # the store renewed what the holder took for failed renewals
+        elif kind == "part-store":
+            ready, slack = healed, RECONNECT
+        elif kind == "delay-leader":
+            ready = healed + float(fields["delay"])  # frames held back still arrive
+        return self.fault(kind, start, ready, victim=victim, healed=healed,
+                          seconds=round(seconds, 3), slack=slack, switch=counts,
+                          **fields)  # fmt: skip
+
+
+def _slot(identity: str) -> str:
+    return identity.rsplit("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """A kind of fault the nemesis injects. Append one to :data:`FAULTS` to add it to
+    every run (``config.kinds`` may restrict a run to some)."""
+
+    name: str
+    #: Injects it; returns the fault record (:meth:`Harness.fault`) or None if it could not
+    #: be made. ``leader`` is the current leader's last act (or None).
+    inject: Callable[[Harness, dict[str, Any] | None], dict[str, Any] | None]
+    #: Whether it can be injected now.
+    applies: Callable[[Harness, dict[str, Any] | None], bool] = lambda h, leader: True
+    #: Its chance against the other kinds that apply.
+    weight: float = 1.0
+    #: A network fault: only in a run with a network (``config.network``).
+    network: bool = False
+
+
+def _leads(harness: Harness, leader: dict[str, Any] | None) -> bool:
+    return leader is not None and harness.procs[leader["who"]].poll() is None
+
+
+def _store_fault_applies(harness: Harness, leader: dict[str, Any] | None, kind: str) -> bool:
+    # A restore from an older snapshot needs one taken.
+    return kind != "redis-restore-old" or getattr(harness.store, "snapshot", None) is not None
+
+
+#: How long each partition lasts, in TTLs (a uniform draw between the two).
+PARTITIONS: dict[str, tuple[float, float]] = {
+    "part-leader": (1.2, 2.0),  # the leader cut off, longer than the TTL
+    "part-leader-replies": (1.2, 2.0),  # the store hears the leader, the leader not it
+    "part-leader-requests": (1.2, 2.0),  # the leader hears the store, the store not it
+    "delay-leader": (1.5, 3.0),  # frames held back longer than RENEW_INTERVAL
+    "part-follower": (1.0, 2.5),  # a candidate that does not lead cut off
+    "part-store": (0.5, 2.0),  # the store cut off from everyone
+}
+#: Seconds allowed on top of the liveness bound after the store was cut off from
+#: everyone, for the candidates' connections to come back (docs/chaos.md, "Partitions").
+RECONNECT = 0.0
+
+#: Every fault kind but the store's own (see :attr:`tests.chaos.stores.Store.faults`).
+FAULTS: list[FaultKind] = [
+    FaultKind("kill", partial(Harness.process_fault, kind="kill"), _leads),
+    FaultKind("stop", partial(Harness.process_fault, kind="stop"), _leads),
+    FaultKind("term", partial(Harness.process_fault, kind="term"), _leads),
+    FaultKind("guard-kill", partial(Harness.process_fault, kind="guard-kill"),
+              lambda h, leader: _leads(h, leader) and leader is not None
+              and leader.get("role") == "payload"),
+    FaultKind("fenced-freeze", partial(Harness.process_fault, kind="fenced-freeze"),
+              lambda h, leader: _leads(h, leader) and leader is not None
+              and leader.get("role") != "payload" and h.store.fenced),
+    *(FaultKind(name, partial(Harness.partition, kind=name),
+                (lambda h, leader: bool(h.followers(leader))) if name == "part-follower"
+                else (lambda h, leader: True) if name == "part-store" else _leads,
+                network=True)
+      for name in PARTITIONS),
+]  # fmt: skip
 
 
 def run(config: Config, log: Callable[[str], None] = lambda line: None) -> Outcome:
@@ -419,15 +573,31 @@ def run(config: Config, log: Callable[[str], None] = lambda line: None) -> Outco
     reason = store_class.unavailable()
     if reason is not None:
         raise RuntimeError(f"store unavailable: {reason}")
+    if config.network is None:
+        config.network = store_class.networked and netns.unavailable() is None
+    elif config.network:
+        if not store_class.networked:
+            raise RuntimeError(f"{config.store} has no network to partition")
+        reason = netns.unavailable()
+        if reason is not None:
+            raise RuntimeError(f"no network namespaces: {reason}")
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{config.store}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     store = store_class(workdir, config.ttl)
-    harness = Harness(config, store, workdir)
+    network = None
+    if config.network:
+        slots = [f"e{i}" for i in range(config.electors)]
+        network = Network(workdir, slots + [f"r{i}" for i in range(config.runleaders)])
+        network.start()
+        store.on_network(network.address(STORE))
+    harness = Harness(config, store, workdir, network)
     rows: list[dict[str, Any]] = []
     started = clock()
     try:
-        log(f"starting a private {store.name} in {workdir}")
-        store.start()
+        where = f" in a namespace of its own, at {store.host}" if network else ""
+        log(f"starting a private {store.name}{where}; files in {workdir}")
+        with harness.at_store():
+            store.start()
         harness.migrate()
         for index in range(config.electors):
             harness.spawn(f"e{index}")
@@ -447,11 +617,15 @@ def run(config: Config, log: Callable[[str], None] = lambda line: None) -> Outco
         harness.kill_everything()
         harness.tick()
         try:
-            rows = store.rows()
+            with harness.at_store():
+                rows = store.rows()
         except Exception as exc:
             harness.notes.append(f"could not read the fenced writes: {exc}")
-        store.stop()
+        with harness.at_store():
+            store.stop()
         store.remove()
+        if network is not None:
+            network.close()
     records = [
         {"ev": "run", "t": started, **{k: str(v) if isinstance(v, Path) else v
                                       for k, v in asdict(config).items()}},

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import ipaddress
 import os
 import pwd
 import shutil
@@ -73,10 +74,25 @@ class Store:
     faults: tuple[str, ...] = ()
     #: Whether lease.fenced() works here (a database store).
     fenced = True
+    #: Whether the candidates reach it over a network (which a partition run cuts).
+    networked = True
 
     def __init__(self, workdir: Path, ttl: float) -> None:
         self.workdir = workdir
         self.ttl = ttl
+        #: The address the candidates reach the server at; the harness always uses
+        #: 127.0.0.1 (in a partition run: the loopback of the store's namespace).
+        self.host = "127.0.0.1"
+
+    def on_network(self, address: str) -> None:
+        """Serve on ``address`` too (in a partition run: the store namespace's address, on
+        which the candidates reach it; the server runs in that namespace)."""
+        self.host = address
+
+    @property
+    def listen(self) -> list[str]:
+        """The addresses the server listens on."""
+        return sorted({"127.0.0.1", self.host})
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -145,6 +161,7 @@ def _down_for(rng: Random, ttl: float) -> float:
 
 class SQLiteStore(Store):
     name = "sqlite"
+    networked = False
 
     def __init__(self, workdir: Path, ttl: float) -> None:
         super().__init__(workdir, ttl)
@@ -200,7 +217,10 @@ class RedisStore(Store):
         binary = shutil.which("redis-server")
         assert binary is not None
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            # Not protected mode: the candidates of a partition run connect from their
+            # namespaces, over a network that exists only inside the run's namespaces.
+            [binary, "--port", str(self.port), "--bind", *self.listen, "--protected-mode", "no",
+             "--save", "",
              "--appendonly", "no", "--dir", str(self.dir), "--dbfilename", "current.rdb"],
             stdout=open(self.workdir / "redis.log", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
@@ -212,7 +232,7 @@ class RedisStore(Store):
 
     def env(self) -> dict[str, str]:
         return {
-            "REDIS_URL": f"redis://127.0.0.1:{self.port}/0",
+            "REDIS_URL": f"redis://{self.host}:{self.port}/0",
             "DATABASE_URL": f"sqlite:///{self.history}",
             "DJANGO_LEADER_BACKEND": "django_leader.backends.cache.CacheBackend",
             "DJANGO_LEADER_CACHE": "redis",
@@ -317,6 +337,10 @@ class PostgreSQLStore(Store):
         if not self.data.exists():
             self._pg(f"{bindir}/initdb", "-D", str(self.data), "-U", "postgres",
                      "--auth=trust", "-E", "UTF8", "--no-sync")  # fmt: skip
+            if self.host != "127.0.0.1":  # the candidates, from the run's namespaces
+                subnet = ipaddress.ip_network(f"{self.host}/24", strict=False)
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.write(f"host all all {subnet} trust\n")
             self._start()
             with self.connect("postgres") as db:
                 db.execute(f"CREATE DATABASE {DATABASE}")
@@ -324,7 +348,7 @@ class PostgreSQLStore(Store):
             self._start()
 
     def _start(self) -> None:
-        options = (f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
+        options = (f"-p {self.port} -k {self.base} -c listen_addresses={','.join(self.listen)} "
                    "-c fsync=off -c max_connections=200")  # fmt: skip
         self._pg(f"{self.bindir()}/pg_ctl", "-D", str(self.data), "-o", options,
                  "-l", str(self.base / "server.log"), "-w", "-t", "60", "start")  # fmt: skip
@@ -346,7 +370,7 @@ class PostgreSQLStore(Store):
 
     def env(self) -> dict[str, str]:
         return {
-            "DATABASE_URL": f"postgres://postgres@127.0.0.1:{self.port}/{DATABASE}",
+            "DATABASE_URL": f"postgres://postgres@{self.host}:{self.port}/{DATABASE}",
             "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
             "DJANGO_LEADER_DATABASE": "default",
         }
@@ -432,13 +456,18 @@ class MariaDBStore(Store):
         user = ["--user=mysql"] if os.geteuid() == 0 else []
         self.proc = subprocess.Popen(
             [binary, "--no-defaults", *user, f"--datadir={self.data}", f"--port={self.port}",
-             "--bind-address=127.0.0.1", f"--socket={self.base}/mysqld.sock",
+             f"--bind-address={self._bind()}", f"--socket={self.base}/mysqld.sock",
              f"--pid-file={self.base}/mysqld.pid", "--skip-grant-tables", "--skip-log-bin",
              "--innodb-flush-log-at-trx-commit=2", "--innodb-buffer-pool-size=64M",
              "--max-connections=300", f"--log-error={self.base}/error.log"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         wait_until(self.answers, START_TIMEOUT, "mariadbd")
+
+    def _bind(self) -> str:
+        # One address, or every address: on a network, those of the store's namespace
+        # only (its loopback and its own eth0).
+        return "127.0.0.1" if self.host == "127.0.0.1" else "0.0.0.0"
 
     def connect(self, database: str | None = DATABASE) -> Any:
         import MySQLdb
@@ -457,7 +486,7 @@ class MariaDBStore(Store):
 
     def env(self) -> dict[str, str]:
         return {
-            "DATABASE_URL": f"mysql://root@127.0.0.1:{self.port}/{DATABASE}",
+            "DATABASE_URL": f"mysql://root@{self.host}:{self.port}/{DATABASE}",
             "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
             "DJANGO_LEADER_DATABASE": "default",
         }
@@ -562,13 +591,17 @@ class ZooKeeperStore(Store):
 
         if self.server is None:
             self.server = ZooKeeperServer(self.workdir, tick_ms=200)
+            if self.host != "127.0.0.1":  # every address of the store's namespace
+                config = self.server.node.config_file
+                config.write_text(config.read_text().replace(
+                    "clientPortAddress=127.0.0.1", "clientPortAddress=0.0.0.0"))  # fmt: skip
         self.server.start()
 
     def env(self) -> dict[str, str]:
         assert self.server is not None
         return {
             "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
-            "CHAOS_ZOOKEEPER_HOSTS": self.server.hosts,
+            "CHAOS_ZOOKEEPER_HOSTS": f"{self.host}:{self.server.port}",
             "CHAOS_ZOOKEEPER_ROOT": self.ROOT,
             "DATABASE_URL": f"sqlite:///{self.history}",
             "DJANGO_LEADER_BACKEND": "django_leader.backends.zookeeper.ZooKeeperBackend",
@@ -580,11 +613,13 @@ class ZooKeeperStore(Store):
         None if ``ss`` cannot (not installed, or a kernel without socket destruction)."""
         if shutil.which("ss") is None:
             return None
-        done = subprocess.run(
-            ["ss", "-K", "-t", "-n", "state", "established", "dst", "127.0.0.1",
-             "dport", "=", f":{self.server.port}"],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        # The clients' sockets; on a network, the server's (the clients are in namespaces
+        # of their own: the server's end aborts, and they get a reset).
+        port = f":{self.server.port}"
+        ends = (["dst", "127.0.0.1", "dport", "=", port] if self.host == "127.0.0.1"
+                else ["src", self.host, "sport", "=", port])  # fmt: skip
+        done = subprocess.run(["ss", "-K", "-t", "-n", "state", "established", *ends],
+                              capture_output=True, text=True)  # fmt: skip
         lines = [line for line in done.stdout.splitlines()[1:] if line.strip()]
         return len(lines) if done.returncode == 0 else None
 

@@ -1,4 +1,6 @@
-"""The short seeded chaos run of CI: 30 s of faults per store, and not one violation.
+"""The short seeded chaos runs of CI: 30 s of process and store faults per store, and a
+run of network partitions on PostgreSQL (the candidates and the store in network
+namespaces of their own, tests/chaos/network.py); not one violation.
 
 Each store is a private instance the harness starts itself (see tests/chaos/stores.py), so
 the shared servers are never restarted or flushed. The long run is ``make chaos``
@@ -20,6 +22,7 @@ from django_leader import BackendUnavailable, Lease
 from django_leader.conf import lock_delay
 from tests.chaos import harness, report
 from tests.chaos.stores import STORES
+from tests.support import netns
 from tests.support.stores import REQUIRE_SERVICES, stores_db, zookeeper_backend
 from tests.support.waiting import wait_until
 from tests.support.zookeeper_server import ZooKeeperServer
@@ -30,6 +33,10 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("chaos")]
 
 DURATION = 30.0
 SEED = 10
+#: The partition run: partitions only (each lasts 1-3 TTLs), on PostgreSQL (fenced writes
+#: through a cut link, and a server whose sessions outlive the client's).
+PARTITION_STORE = "postgresql"
+PARTITION_DURATION = 40.0
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql", "mariadb", "redis", "zookeeper"])
@@ -40,10 +47,31 @@ def test_no_violation_under_faults(store: str) -> None:
             pytest.fail(f"required service missing: {reason}")
         pytest.skip(f"service unavailable: {reason}")
     # A work directory of its own, kept if the run fails (the logs are the evidence).
-    config = harness.Config(store=store, duration=DURATION, seed=SEED, keep=True)
+    # No network: the partitions have a run of their own (below).
+    config = harness.Config(store=store, duration=DURATION, seed=SEED, keep=True, network=False)
+    _passes(harness.run(config), faults=5)
+
+
+def test_no_violation_under_partitions() -> None:
+    """The candidates and a private PostgreSQL each in a network namespace, linked by the
+    run's userspace switch; the nemesis cuts the leader off, loses its requests or its
+    replies only, delays its frames past RENEW_INTERVAL, cuts off a follower, cuts off the
+    store (docs/chaos.md, "Partitions")."""
+    for reason in (STORES[PARTITION_STORE].unavailable(), netns.unavailable()):
+        if reason is not None:
+            if REQUIRE_SERVICES:
+                pytest.fail(f"required for the partition run: {reason}")
+            pytest.skip(f"no partition run here: {reason}")
+    config = harness.Config(store=PARTITION_STORE, duration=PARTITION_DURATION, seed=SEED,
+                            keep=True, network=True, kinds=("partition",))  # fmt: skip
     outcome = harness.run(config)
+    summary = _passes(outcome, faults=6)
+    assert summary["partitions"] == summary["faults"], summary["by_kind"]
+
+
+def _passes(outcome: harness.Outcome, faults: int) -> dict[str, object]:
     summary = report.summarize(outcome)
-    assert summary["faults"] >= 5, summary
+    assert summary["faults"] >= faults, summary
     details = "\n".join(
         f"  {e['t']:.2f} s {e['check']} after {e['fault']}: {e['message']}"
         for e in summary["examples"]
@@ -53,6 +81,7 @@ def test_no_violation_under_faults(store: str) -> None:
         f"{summary['violations_by_check']}; logs in {outcome.workdir}:\n{details}"
     )
     shutil.rmtree(outcome.workdir, ignore_errors=True)
+    return summary
 
 
 # -- found on ZooKeeper ----------------------------------------------------------------------

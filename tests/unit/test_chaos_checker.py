@@ -196,6 +196,17 @@ def test_recovery_counts_from_when_the_store_answers() -> None:
     assert recovery.ok and recovery.seconds is not None and abs(recovery.seconds - 2.9) < 0.01
 
 
+def test_a_faults_slack_widens_its_liveness_bound() -> None:
+    # The leader's replies lost from 5 s: the store renewed what it took for failures, and
+    # keeps its lease up to a TTL longer (slack 2): a leader 5.2 s later is in time, 6 s not.
+    def replies_lost(t: float) -> dict[str, Any]:
+        return {**fault("part-leader-replies", t), "slack": 2.0, "healed": t + 3.0}
+
+    assert checks([*term("A", 1, 0.0, 5.0), replies_lost(5.02), *term("B", 2, 10.2, 12.0)]) == {}
+    late = checks([*term("A", 1, 0.0, 5.0), replies_lost(5.02), *term("B", 2, 11.6, 13.0)])
+    assert late == {"liveness": 1}
+
+
 def test_no_leader_until_the_end_of_the_run_is_flagged() -> None:
     records = [*term("A", 1, 0.0, 5.0), fault("kill", 5.02), {"ev": "run", "t": 20.0}]
     assert checks(records) == {"liveness": 1}
