@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import hooks
 from .backends.base import Backend
+from .backends.partial import RenewedInPart
 from .caller import StoreCaller
 from .exceptions import BackendUnavailable
 from .lease import Lease, LossReason, clock
@@ -337,8 +338,12 @@ class Session:
             for renewer in batch.renewers:
                 renewer.in_flight = False
         took = clock() - batch.sent
+        pending: frozenset[int] = frozenset()
         try:
-            results = batch.future.result()
+            try:
+                results = batch.future.result()
+            except RenewedInPart as part:  # rows locked (a fenced()): the others' answers stand
+                results, pending = part.results, part.pending
             if len(results) != len(batch.renewers):
                 raise RuntimeError(
                     f"renew_many returned {len(results)} results for {len(batch.renewers)} leases"
@@ -350,11 +355,15 @@ class Session:
             logger.error("renewing %d leases failed: %r", len(renewers), exc, exc_info=exc)
             self._drop(renewers, LossReason.RENEWER_FAILED, repr(exc))
             return
+        waiting = {id(batch.renewers[i]) for i in pending}
+        self._retry([r for r in renewers if id(r) in waiting], None)
         answers = dict(zip(map(id, batch.renewers), results, strict=True))
         refused: list[Renewer] = []
         late: list[Renewer] = []
         for renewer in renewers:
             renewed = answers[id(renewer)]
+            if id(renewer) in waiting:
+                continue
             if renewed is None:
                 hooks.notify("renew_refused", renewer.lease.name)
                 refused.append(renewer)
@@ -365,13 +374,22 @@ class Session:
         self._drop(refused, LossReason.REFUSED)
         self._drop(late, LossReason.ANSWERED_LATE)
 
-    def _retry(self, renewers: list[Renewer], exc: BackendUnavailable) -> None:
+    def _retry(self, renewers: list[Renewer], exc: BackendUnavailable | None) -> None:
+        """Try ``renewers`` again soon (alone, should no other be due): every retry
+        interval, more often as the deadline nears. ``exc``: why they failed; None: their
+        row was locked (a ``fenced()`` of theirs, most often), which is no failure."""
         now = clock()
         for renewer in renewers:
-            hooks.notify("renew_failed", renewer.lease.name)
+            if exc is not None:
+                hooks.notify("renew_failed", renewer.lease.name)
             left = renewer.deadline - now
             renewer.next_renew = now + min(renewer.timing.retry_interval, max(0.05, left / 2))
-        if renewers:
+        if renewers and exc is None:
+            logger.info(
+                "renewing %s: the row is locked by a transaction (a fenced() block?), tried again",
+                ", ".join(repr(r.lease.name) for r in renewers),
+            )
+        elif renewers:
             logger.warning(
                 "renewing %d lease(s) (%s) failed, retrying: %s",
                 len(renewers),

@@ -30,6 +30,7 @@ from ..lease import EventKind, Lease
 from .base import Backend, Watch
 from .db_connection import PrivateConnection, migration_state
 from .db_fence import FENCE_FLOOR, fenced_transaction
+from .partial import answers
 from .sql import DIALECTS, StoreNow, aware
 from .wakeups import WakeHub, channel
 
@@ -358,9 +359,10 @@ class DatabaseBackend(Backend):
         parameter limit), under the same conditions as :meth:`renew`, decided by the
         server's clock.
 
-        A row locked by a transaction (a holder's :meth:`fenced`) is passed over at first
-        (``SKIP LOCKED``, where the database has it), so the others are renewed at once;
-        the ones passed over are renewed afterwards by a statement that waits for them."""
+        A row locked by a transaction (its holder's :meth:`fenced`) is passed over (``SKIP
+        LOCKED``), never waited for: the others are renewed and answered at once, and
+        ``RenewedInPart`` names the leases to try again (no deadlock with ``fenced()``).
+        SQLite locks the whole file: a renewal waits for a writing transaction."""
         if not leases:
             return []
         keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
@@ -372,12 +374,11 @@ class DatabaseBackend(Backend):
         # SQLite: several statements in one transaction (one write of the file).
         with self._cursor(atomic=self.vendor == "sqlite" and len(keys) > size) as cursor:
             chunks = [keys] if self.vendor == "postgresql" else _chunks(keys, size)
-            skipped: list[tuple[str, str, int]] = []
-            for chunk in chunks:
-                skipped += self._renew_chunk(cursor, chunk, ttl, found, skip_locked=True)
-            for chunk in [skipped] if self.vendor == "postgresql" else _chunks(skipped, size):
-                self._renew_chunk(cursor, chunk, ttl, found, skip_locked=False)
-        return [self._row(found.get((lease.name, lease.holder, lease.token))) for lease in leases]
+            locked = {
+                key for chunk in chunks for key in self._renew_chunk(cursor, chunk, ttl, found)
+            }
+        results = [self._row(found.get((le.name, le.holder, le.token))) for le in leases]
+        return answers(f"database {self.alias!r}", leases, results, locked)
 
     def _renew_chunk(
         self,
@@ -385,13 +386,10 @@ class DatabaseBackend(Backend):
         keys: list[tuple[str, str, int]],
         ttl: float,
         found: dict[tuple[str, str, int], Sequence[Any]],
-        *,
-        skip_locked: bool,
     ) -> list[tuple[str, str, int]]:
         """Renew the leases ``keys`` (name, holder, token) in one statement (one
         transaction on MySQL/MariaDB), adding each renewed row to ``found``. Returns the
-        keys passed over because their row was locked (``skip_locked`` only); without
-        ``skip_locked``, waits for such rows."""
+        keys passed over because their row was locked."""
         if not keys:
             return []
         d = self.dialect
@@ -400,7 +398,7 @@ class DatabaseBackend(Backend):
             # Locked first (FOR NO KEY UPDATE, as an UPDATE locks), then updated: the lock
             # re-checks the condition on the row's newest version, so the UPDATE that
             # follows in the same statement changes only rows that meet it.
-            lock = "FOR NO KEY UPDATE OF l SKIP LOCKED" if skip_locked else ""
+            lock = "FOR NO KEY UPDATE OF l SKIP LOCKED"
             sql = (
                 "WITH b (b_name, b_holder, b_token) AS (SELECT * FROM "
                 "unnest(%s::text[], %s::text[], %s::bigint[])), "
@@ -427,10 +425,10 @@ class DatabaseBackend(Backend):
             cursor.execute(sql, [d.ttl_param(ttl), *names, *(v for key in keys for v in key)])
             rows = cursor.fetchall()  # drain: SQLite completes the statement only then
         else:
-            rows = self._renew_chunk_mysql(cursor, keys, ttl, skip_locked)
+            rows = self._renew_chunk_mysql(cursor, keys, ttl)
         for row in rows:
             found[(row[0], row[1], int(row[3]))] = row
-        if not skip_locked or len(rows) == len(keys) or not self._skips_locked(cursor):
+        if len(rows) == len(keys) or not self._skips_locked(cursor):
             return []
         # Which of the others still meet the condition: those whose row was locked.
         missing = [key for key in keys if key not in found]
@@ -453,14 +451,14 @@ class DatabaseBackend(Backend):
         )
 
     def _renew_chunk_mysql(
-        self, cursor: Any, keys: list[tuple[str, str, int]], ttl: float, skip_locked: bool
+        self, cursor: Any, keys: list[tuple[str, str, int]], ttl: float
     ) -> list[Sequence[Any]]:
         """MySQL/MariaDB have no ``UPDATE ... RETURNING``: lock the rows that meet the
         condition (by the server's clock, read in the same statement), then set them from
         that reading, in one transaction."""
         d = self.dialect
         lock = "FOR UPDATE"
-        if skip_locked and self._skips_locked(cursor):
+        if self._skips_locked(cursor):
             lock += " SKIP LOCKED"
         wrapper = cursor.db
         wrapper.set_autocommit(False)
