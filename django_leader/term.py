@@ -258,9 +258,11 @@ class Renewer:
         caller (user code never runs on the loop)."""
         if cause is LossReason.IN_FLIGHT:
             hooks.notify("renew_failed", self.lease.name)
+        if self._stopped:  # the holder ended the term: its release decides what is said
+            return
         self.lease._mark_lost(cause, detail)
         self._lost_cause = cause
-        self._joined().submit(self._report, bound=self.timing.call_timeout)
+        self._joined().submit(self._report_queued, bound=self.timing.call_timeout)
 
     def _joined(self) -> Session:
         """The session this renewer joined (in :meth:`start`): the one calling it."""
@@ -282,6 +284,14 @@ class Renewer:
         reader of ``lease.held`` may have seen the deadline pass before the session did)."""
         self.lease._mark_lost(cause, detail)
         self._report()
+
+    def _report_queued(self) -> None:
+        """The session's report of the loss it marked: not once :meth:`stop` was called —
+        then :meth:`stop` reported a loss marked before it looked, and one marked after
+        is the end of the term (its release, ``lease_released``), not a loss."""
+        with self._report_lock:
+            if not self._stopped:
+                self._report()
 
     def _report(self) -> None:
         with self._report_lock:

@@ -18,6 +18,7 @@ from django_leader import (
     Elector,
     LeadershipLost,
     Lease,
+    hooks,
     session,
     signals,
 )
@@ -26,7 +27,7 @@ from django_leader.backends.base import Backend
 from django_leader.caller import StoreCaller
 from django_leader.conf import Timing
 from django_leader.lease import LossReason
-from django_leader.term import Term, attempt
+from django_leader.term import Renewer, Term, attempt
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
 from tests.support.waiting import wait_until
@@ -258,3 +259,73 @@ def test_a_term_is_renewed_by_its_session_until_it_ends(backend: Backend, lease_
     caller.shutdown(wait=True)
     assert renewals.leases == 0
     assert not any(t.name.startswith(f"leader-io:{lease_name}#") for t in threading.enumerate())
+
+
+class Refusing(FaultyBackend):
+    """A real store whose renewals are refused on demand (the store itself still holds
+    the lease: its holder can release it)."""
+
+    refuse = False
+
+    def renew(self, lease: Lease, ttl: float) -> Lease | None:
+        return None if self.refuse else self.real.renew(lease, ttl)
+
+
+def test_a_refusal_racing_the_end_is_not_reported_after_the_release(
+    db_backend: Backend, lease_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session applies a refusal while the holder ends the term: once the lease was
+    released (``lease_released`` sent), no LOST is logged or recorded, no ``on_lost``
+    runs (old code: a LOST history row and ``on_lost`` after ``lease_released``)."""
+    store = Refusing(db_backend)
+    timing = Timing(3.0, 0.3, 0.2)
+    lease, caller = granted(store, lease_name, timing)
+    sender = object()
+    order: list[str] = []
+    refused, go, applied = threading.Event(), threading.Event(), threading.Event()
+
+    def observer(event: str, name: str, value: float) -> None:
+        if event == "renew_refused" and name == lease_name:
+            refused.set()  # the session loop, between taking the answer and applying it
+            go.wait(WAIT)
+
+    lost_in_session = Renewer._lost_in_session
+
+    def marked(renewer: Renewer, cause: LossReason, detail: str = "") -> None:
+        lost_in_session(renewer, cause, detail)
+        applied.set()
+
+    monkeypatch.setattr(Renewer, "_lost_in_session", marked)
+    hooks.add_observer(observer)
+    try:
+        with (
+            received(signals.lease_released, sender) as released,
+            received(signals.leader_lost, sender) as lost,
+        ):
+            term = Term(
+                store,
+                lease,
+                timing,
+                caller,
+                sender=sender,
+                label="test",
+                on_lost=lambda term: order.append("on_lost"),
+            )
+            term.begin()
+            store.refuse = True
+            assert refused.wait(WAIT)
+            assert term.end() is True  # released: the store still held it
+            order.append("lease_released")
+            go.set()
+            assert applied.wait(WAIT)
+            # Whatever the refusal queued has run: the report on the session's caller,
+            # then the history record on the term's caller.
+            session.session(store).call(WAIT, lambda: None)
+            caller.call(WAIT, lambda: None)
+    finally:
+        go.set()
+        hooks.remove_observer(observer)
+    caller.close()
+    assert released == [lease] and lost == []
+    assert order == ["lease_released"]
+    assert kinds(db_backend, lease_name) == [("acquired", "alice"), ("released", "alice")]
