@@ -8,6 +8,9 @@ monotonic clock (``CLOCK_BOOTTIME``, the same in every process of the machine). 
 ``act``           ``who`` acted as the leader with ``token``: it checked that it still leads
                   somewhere between ``t`` and ``t1`` (``t1`` defaults to ``t``).
 ``stepped_down``  ``who`` stopped leading (informative only).
+``loop_blocked``  ``who`` (token ``token``) blocked its own event loop for ``seconds`` on
+                  purpose: if it acts again with that token right after, it led all along,
+                  and the pause is no time without a leader.
 ``row``           a fenced write as the database committed it: ``id`` (commit order: the
                   writes are serialized by the lease row lock), ``token``, ``who``, and
                   ``t``, when it was made inside ``lease.fenced()``.
@@ -18,7 +21,8 @@ monotonic clock (``CLOCK_BOOTTIME``, the same in every process of the machine). 
                   seconds the fault's kind adds to the liveness bound (a partition's,
                   documented in docs/chaos.md; 0 by default).
 ``write``, ``write_error``
-                  a fenced write by ``who`` with ``token`` committed / failed with an error
+                  a fenced write by ``who`` with ``token`` committed (as the row ``id``,
+                  made at ``t``) / failed with an error
                   other than ``LeadershipLost`` (a dead connection, a timeout).
 ``task_sent``, ``task_started``, ``task_done``
                   a singleton task ``task`` (its id) with lock ``key`` was sent, an
@@ -34,6 +38,9 @@ What is checked (each failure is a :class:`Violation` named after its check):
 ``token-back``     terms begin with ever greater tokens.
 ``fence-order``    fenced writes commit in token order.
 ``stale-write``    no fenced write is made with a token lower than one that already acted.
+``fenced-result``  what a fenced write returned is what the store committed: the ``id``
+                   that a ``write`` record reports is a row with that writer and time
+                   (``Model.objects.create()`` inside ``fenced()`` got its own primary key).
 ``fenced-stuck``   a leader's fenced writes do not keep failing for longer than
                    TTL + RETRY_INTERVAL + grace after the store answers: a leader that
                    holds the lease but can do nothing must recover or step down.
@@ -60,6 +67,7 @@ CHECKS = (
     "token-back",
     "fence-order",
     "stale-write",
+    "fenced-result",
     "fenced-stuck",
     "liveness",
     "task-lost",
@@ -152,13 +160,18 @@ def check(records: Iterable[dict[str, Any]], params: Params) -> Result:
     found += overlaps
     found += _tokens(by_kind["elected"])
     found += _fenced(by_kind["row"], acts)
+    if by_kind["row"]:  # the store's rows were read
+        found += _results(by_kind["write"], by_kind["row"])
     readies = sorted(float(f.get("ready", f["t"])) for f in faults)
     found += _stuck(by_kind["write"] + by_kind["write_error"], readies, params.bound(False))
     found += _tasks(by_kind["task_sent"], by_kind["task_started"], by_kind["task_done"])
     # Acts out of token order are violations, not leadership: they do not end a time
     # without a leader.
     stale = {id(act) for act in overlaps.acts}
-    result.recoveries = _recoveries([a for a in acts if id(a) not in stale], faults, params, end)
+    leading = [a for a in acts if id(a) not in stale]
+    leading += _bridges(by_kind["loop_blocked"], leading, params.gap)
+    leading.sort(key=lambda r: r["t"])
+    result.recoveries = _recoveries(leading, faults, params, end)
     for recovery in result.recoveries:
         if not recovery.ok:
             found.append((
@@ -274,6 +287,27 @@ def _fenced(rows: list[dict[str, Any]], acts: list[dict[str, Any]]) -> list[tupl
     return found
 
 
+def _results(
+    writes: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> list[tuple[str, float, str]]:
+    """Writes whose reported row is not the one the store holds (another writer or time,
+    or none at all)."""
+    found = []
+    by_id = {str(row["id"]): row for row in rows}
+    for write in writes:
+        if "id" not in write:
+            continue
+        row = by_id.get(str(write["id"]))
+        if row is None or row["who"] != write["who"] or abs(row["t"] - write["t"]) > 1e-5:
+            held = "no such row" if row is None else f"the row is {row['who']}'s of {row['t']:.6f}"
+            found.append((
+                "fenced-result", float(write["t"]),
+                f"{write['who']} (token {write['token']}) was told its fenced write of "
+                f"{write['t']:.6f} is row {write['id']!r}: {held}",
+            ))  # fmt: skip
+    return found
+
+
 def _stuck(
     writes: list[dict[str, Any]], readies: list[float], bound: float
 ) -> list[tuple[str, float, str]]:
@@ -302,6 +336,28 @@ def _stuck(
                     ))  # fmt: skip
                 failures = []
     return found
+
+
+def _bridges(
+    blocks: list[dict[str, Any]], acts: list[dict[str, Any]], gap: float
+) -> list[dict[str, Any]]:
+    """A holder that blocked its own loop on purpose (``loop_blocked``, for ``seconds``) and
+    then acted again with the same token led all along (a token once lost is never held
+    again): its pause is no time without a leader. One stretch per such block, from the
+    block to that next act, for the liveness check only."""
+    bridges = []
+    by_term: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for act in acts:
+        by_term[(str(act["who"]), int(act["token"]))].append(float(act["t"]))
+    for times in by_term.values():
+        times.sort()
+    for block in blocks:
+        times = by_term.get((str(block["who"]), int(block["token"])), [])
+        index = bisect.bisect_right(times, float(block["t"]))
+        if index < len(times) and times[index] <= block["t"] + block.get("seconds", 0) + gap:
+            bridges.append({"ev": "act", "t": float(block["t"]), "t1": times[index],
+                            "who": block["who"], "token": block["token"]})  # fmt: skip
+    return bridges
 
 
 def _gaps(acts: list[dict[str, Any]], gap: float, end: float) -> list[tuple[float, float]]:

@@ -621,11 +621,13 @@ def run(config: Config, log: Callable[[str], None] = lambda line: None) -> Outco
                 rows = store.rows()
         except Exception as exc:
             harness.notes.append(f"could not read the fenced writes: {exc}")
-        with harness.at_store():
-            store.stop()
-        store.remove()
-        if network is not None:
-            network.close()
+        try:
+            with harness.at_store():
+                store.stop()
+            store.remove()
+        finally:
+            if network is not None:
+                network.close()
     records = [
         {"ev": "run", "t": started, **{k: str(v) if isinstance(v, Path) else v
                                       for k, v in asdict(config).items()}},
