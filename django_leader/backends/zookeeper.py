@@ -34,14 +34,17 @@ Znodes under ``ROOT`` (``/django-leader``), for a lease name ``N`` (percent-enco
   wiped ensemble, a ``ROOT`` deleted by hand): the state may have been lost, so nobody may
   take a lease for the lock-delay and tokens continue from the ensemble's clock in
   microseconds, like the Redis backend's.
-* ``clock`` — written to read the ensemble's clock (its ``mtime``).
+* ``clock`` — written to read the ensemble's clock (its ``mtime``) and epoch (its zxid).
+* ``sessions/<id>`` — ephemeral, one per session that took a lease: tells a lease znode
+  that went with its session from one deleted by hand (zookeeper_losses.py).
 
 Fencing tokens: the record's counter, incremented by the compare-and-set that grants the
 lease, so it survives a restart of the ensemble and the loss of any session (it is
-persistent and written through ZooKeeper's log before the grant is acknowledged). Why a
-counter rather than the lease node's ``czxid``: the counter goes up by one per grant like
-every other store's, and after a loss it continues from the clock (see docs/
-zookeeper-backend.md#fencing-tokens).
+persistent and written through ZooKeeper's log before the grant is acknowledged). After a
+loss (a missing marker, a rollback noticed by zookeeper_losses.py) it continues from the
+ensemble's clock. Why not the lease node's ``czxid``: a restored ensemble issues zxids it
+issued before (a standalone server keeps epoch 0, an ensemble restored with its epoch
+files starts the epoch after theirs), see docs/zookeeper-backend.md#fencing-tokens.
 """
 
 from __future__ import annotations
@@ -61,9 +64,10 @@ from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote, unquote
 
-from ..conf import ZooKeeperSettings, get_settings, lock_delay
+from ..conf import ZooKeeperSettings, get_settings
 from ..exceptions import BackendUnavailable, NotSupportedError
 from ..lease import EventKind, Lease
+from . import zookeeper_losses as losses
 from .base import Backend, Watch
 from .history import HistoryWriter, WrittenAfterwards
 
@@ -189,6 +193,9 @@ class _Session:
         self.requested = timeout
         #: Seconds the ensemble granted (None until the first connection).
         self.granted: float | None = None
+        #: The newest zxid the client had seen when a refused handshake made it forget it
+        #: (0: none): a later write with a lower zxid shows the store went back.
+        self.forgotten = 0
         self.client = kazoo.client.KazooClient(
             hosts=conf.hosts,
             timeout=timeout,
@@ -223,6 +230,7 @@ class _Session:
 
         client = self.client
         refused = [0]
+        session = self
 
         def handshake(timeout: float, request: Any, *args: Any, **kwargs: Any) -> Any:
             if not isinstance(request, Connect):
@@ -246,6 +254,7 @@ class _Session:
                         conf.hosts,
                         refused[0],
                     )
+                    session.forgotten = max(session.forgotten, int(client.last_zxid))
                     client.last_zxid = 0
                     refused[0] = 0
                 raise
@@ -411,8 +420,9 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         return f"{self._name_path(name)}/bells/{_digest(identity) if identity else 'all'}"
 
     # -- the ensemble's clock ---------------------------------------------------------------
-    def _now_ms(self) -> int:
-        """The ensemble's clock now: a write to the clock znode, whose ``mtime`` it is."""
+    def _clock_stat(self) -> Any:
+        """A write to the clock znode: its stat (``mtime``: the ensemble's clock now;
+        ``mzxid``: its epoch)."""
         from kazoo.exceptions import NoNodeError
 
         client = self.client
@@ -423,7 +433,20 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             self._ensure(client, path, anew=True)
             stat = self._wait(client.set_async(path, b""))
         self._seen(stat.mtime)
-        return int(stat.mtime)
+        return stat
+
+    def _now_ms(self) -> int:
+        """The ensemble's clock now: a write to the clock znode, whose ``mtime`` it is."""
+        return int(self._clock_stat().mtime)
+
+    def _read_only_now(self, floor: int) -> int:
+        """The ensemble's clock as well as a process can tell without writing: the clock
+        estimate whatever its age (else this machine's clock), never before ``floor`` (an
+        ``mtime`` just read). For :meth:`read` alone: no lease decision rests on it."""
+        if self._clock is None:
+            return max(floor, int(time.time() * 1000))
+        at, seen = self._clock
+        return max(floor, at + int((time.monotonic() - seen) * 1000))
 
     def now(self) -> datetime:
         return _time(self._now_ms())
@@ -449,44 +472,16 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         return now >= until_ms, now
 
     # -- the store marker -------------------------------------------------------------------
-    def _create_marker(self, client: Any, delay_ms: int) -> tuple[dict[str, Any], bool]:
-        """Write the store marker: a new epoch (now), and no lease for ``delay_ms`` (0:
-        none). The marker, and False if one was there already (not written)."""
-        from kazoo.exceptions import NodeExistsError
-
-        now = self._now_ms()  # (makes ROOT if it is missing)
-        marker = {"epoch": now, "fence": now + delay_ms if delay_ms else 0}
-        try:
-            self._wait(client.create_async(f"{self.root}/store", json.dumps(marker).encode()))
-        except NodeExistsError:
-            return marker, False
-        return marker, True
-
-    def _lost_marker(self, client: Any, ttl: float) -> dict[str, Any]:
-        """The store marker, found missing by an acquisition: written anew, with a
-        lock-delay (or, should another have just written it, that one)."""
-        self._made.clear()  # whatever we made may have gone with the marker
-        delay = lock_delay(ttl)
-        marker, created = self._create_marker(client, _ms(delay))
-        if not created:  # another acquisition wrote it meanwhile: that one
-            found = self._get(client, f"{self.root}/store")
-            return found[0] if found is not None else marker
-        logger.warning(
-            "zookeeper %r %r has no store marker (new, wiped, restored or ROOT deleted): "
-            "no lease on it may be taken for the lock-delay of %.1fs, so that every holder "
-            "that could still believe it leads has stepped down",
-            self.conf.hosts,
-            self.root,
-            delay,
-        )
-        return marker
+    def _forget_made(self) -> None:
+        """The store lost state: whatever we made (parents, session markers) may be gone."""
+        self._made.clear()
 
     def initialize(self) -> bool:
         """Write the store marker of a ``ROOT`` never used before, **without** the
         lock-delay a missing marker otherwise costs (nobody can hold a lease in a store that
         never had one). True if this call wrote it, False if it was there. Only for a new
         ``ROOT``: after a wipe or a restore, let the first acquisition notice the loss."""
-        return self._create_marker(self.client, 0)[1]
+        return losses.create_marker(self, self.client, 0)[1]
 
     # -- lease operations -------------------------------------------------------------------
     def _lease(
@@ -520,7 +515,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         marker_result = client.get_async(f"{self.root}/store")  # sent first, read after
         record_found, current = self._record_and_lease(client, name)
         marker = self._read_result(marker_result)
-        store = marker[0] if marker is not None else self._lost_marker(client, ttl)
+        store = marker[0] if marker is not None else losses.lost_marker(self, client, ttl)
 
         fence = int(store.get("fence", 0))
         if fence:
@@ -544,14 +539,21 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             if record_found is None:
                 raise BackendUnavailable(f"zookeeper: {path} vanished")
         record, record_stat = record_found
+        if current is None and losses.vanished(self, client, name, record_found, ttl):
+            return None, None  # deleted by hand: the lock-delay runs
         to, until = record.get("handover_to"), int(record.get("handover_until") or 0)
         if to and to != holder and until and not self._passed(until)[0]:
             return None, None
+        # A write of the clock before each grant: its zxid tells a rolled-back store.
+        clock = self._clock_stat()
+        if marker is not None and losses.rolled_back(self, client, session, marker, clock, ttl):
+            return None, None
+        owner = losses.mark_session(self, client) if ephemeral else None
         token = record.get("token")
         if token is None or record.get("epoch") != store.get("epoch"):
             # A new name, or a counter that may be older than tokens already issued (the
             # store lost state): continue from the ensemble's clock in microseconds.
-            token = max(int(token or 0), self._now_ms() * 1000)
+            token = max(int(token or 0), int(clock.mtime) * 1000)
         token = int(token) + 1
         previous = str(record.get("holder") or "")
         released = bool(record.get("released", True))
@@ -567,9 +569,10 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             "released": False,
             "epoch": store.get("epoch"),
             "transitions": int(record.get("transitions", 0)) + 1,
+            "session": f"{owner:x}" if owner else None,
         }
-        new_record.pop("handover_to", None)
-        new_record.pop("handover_until", None)
+        for gone in ("handover_to", "handover_until", "fence", "expired"):
+            new_record.pop(gone, None)
         lease_data = {"holder": holder, "token": token, "ttl": _ms(ttl)}
         transaction = client.transaction()
         if stale is not None:
@@ -852,10 +855,14 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         if stat.mtime >= known.mtime + known.ttl:
             # It had expired before this renewal reached the ensemble: not renewed, and the
             # znode we just wrote goes (nobody else has taken the name: the record has not
-            # changed).
+            # changed), marked ``expired`` in the record (no lock-delay for that).
             self._versions.pop(key, None)
             cleanup = client.transaction()
-            cleanup.check(self._name_path(name), known.record_version)
+            cleanup.set_data(
+                self._name_path(name),
+                json.dumps({**known.record, "expired": True}).encode(),
+                version=known.record_version,
+            )
             cleanup.delete(self._lease_path(name), version=stat.version)
             cleanup.commit_async().rawlink(lambda _: None)
             answers[key] = None
@@ -937,12 +944,14 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         raise BackendUnavailable(f"zookeeper: force release of {name!r} kept conflicting")
 
     def read(self, name: str) -> Lease | None:
+        """Read-only (two reads, no write: a health probe changes nothing); expiry by
+        :meth:`_read_only_now`."""
         record_found, found = self._record_and_lease(self.client, name)
         if found is None or not found[0].get("holder"):
             return None
         data, stat = found
-        passed, now = self._passed(self._expiry(data, stat))
-        if passed:
+        now = self._read_only_now(int(stat.mtime))
+        if now >= self._expiry(data, stat):
             return None
         lease = self._lease(name, data, stat, record_found and record_found[0])
         lease.read_at = _time(now)
@@ -1159,7 +1168,8 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
 
     def ping(self, timeout: float) -> float:
         """Connect (within ``timeout``) and return the session timeout the ensemble granted
-        (seconds); BackendUnavailable if it does not answer. For the system check."""
+        (seconds); BackendUnavailable if it does not answer. For the system check: one
+        read, no write."""
         with self._lock:
             session = self._current
             if session is None:
@@ -1171,7 +1181,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             raise BackendUnavailable(
                 f"zookeeper {self.conf.hosts!r}: no answer within {timeout:g}s"
             )
-        self._now_ms()
+        self._wait(session.client.exists_async(self.root))
         return session.granted or self._default_timeout
 
     def close(self) -> None:

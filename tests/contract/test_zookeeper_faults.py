@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from django_leader import Elector
+from django_leader import BackendUnavailable, Elector
 from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, LossReason, clock
@@ -314,3 +315,126 @@ def test_wiped_server_waits_out_the_lock_delay(server: ZooKeeperServer, terms: T
     assert lease.lost.is_set()
     assert again.lease.token > max(t.lease.token for t in terms.terms if t is not again)
     terms.check()
+
+
+def acquired(backend: ZooKeeperBackend, name: str, holder: str) -> Lease | None:
+    """``backend.acquire(name, holder, TTL)``'s grant, or None (refused, or the store not
+    answering yet)."""
+    try:
+        return backend.acquire(name, holder, TTL)[0]
+    except BackendUnavailable:
+        return None
+
+
+def test_restore_from_an_older_snapshot_never_repeats_a_token(
+    server: ZooKeeperServer, tmp_path: Path, lease_name: str
+) -> None:
+    """Copy the data directory of a stopped server, grant more, stop, put the copy back,
+    start: the store went back in time (its marker with it). The backend that saw the newer
+    transactions notices (a write's zxid lower than one it saw): nobody acquires before the
+    lock-delay has passed, and the next token is greater than every token handed out."""
+    from django_leader.conf import lock_delay
+
+    backend = ZooKeeperBackend(hosts=server.hosts, root=new_root(server.hosts), timeout=2.0)
+    tokens: list[int] = []
+
+    def grant_and_release() -> None:
+        lease = wait_until(
+            lambda: acquired(backend, lease_name, "alice"), timeout=WAIT, message="no grant"
+        )
+        tokens.append(lease.token)
+        assert backend.release(lease)
+
+    try:
+        grant_and_release()
+        server.stop()
+        snapshot = tmp_path / "snapshot"
+        shutil.copytree(server.data_dir, snapshot)
+        server.start()
+        for _ in range(3):
+            grant_and_release()
+        server.stop()
+        shutil.rmtree(server.data_dir)
+        shutil.copytree(snapshot, server.data_dir)
+        server.start()
+        back = clock()
+        lease = wait_until(
+            lambda: acquired(backend, lease_name, "bob"),
+            timeout=lock_delay(TTL) + WAIT,
+            message="no grant after the restore",
+        )
+        waited = clock() - back
+        print(f"restore: tokens before {tokens}, after {lease.token}, waited {waited:.2f}s")
+        assert lease.token > max(tokens)
+        assert waited >= lock_delay(TTL) - 0.1, "acquired before the lock-delay had passed"
+    finally:
+        backend.shutdown()
+
+
+def test_lease_znode_deleted_by_hand_waits_out_the_lock_delay(
+    server: ZooKeeperServer, terms: Terms
+) -> None:
+    """The leader's lease znode deleted by hand while it leads: it loses the lease (its next
+    renewal is refused), and nobody is elected before the lock-delay has passed since the
+    deletion (the holder could be frozen and still believe it leads until its deadline)."""
+    from kazoo.client import KazooClient
+
+    from django_leader.backends.zookeeper import encode_name
+    from django_leader.conf import lock_delay
+
+    _leader, lease = leader_and_follower(terms)
+    operator = KazooClient(hosts=server.hosts)
+    operator.start(WAIT)
+    try:
+        # The ensemble's clock just before the deletion.
+        before = operator.set(f"{terms.root}/clock", b"").mtime
+        deleted = clock()
+        operator.delete(f"{terms.root}/names/{encode_name(terms.name)}/lease")
+    finally:
+        operator.stop()
+        operator.close()
+    assert lease.lost.wait(TTL + SLACK), "the holder did not lose its deleted lease"
+    delay = lock_delay(TTL)
+    again = wait_until(
+        lambda: terms.elected_since(deleted),
+        timeout=delay + SESSION + RETRY + SLACK,
+        message="nobody was elected again",
+    )
+    assert again.lease.acquired_at is not None
+    print(f"deleted by hand: elected again {again.elected - deleted:.2f}s after the deletion")
+    assert again.lease.acquired_at.timestamp() * 1000 >= before + delay * 1000
+    assert again.lease.token > lease.token
+    terms.check()
+
+
+def server_zxid(server: ZooKeeperServer) -> str:
+    """The newest transaction id of the server (``srvr``'s ``Zxid:`` line)."""
+    return next(
+        line.split(":", 1)[1].strip()
+        for line in server.node.srvr().splitlines()
+        if line.startswith("Zxid:")
+    )
+
+
+def test_read_and_ping_write_nothing(server: ZooKeeperServer, lease_name: str) -> None:
+    """A health probe (``read()``, the system check's ``ping()``) of a held and a free name,
+    from a process that has written nothing, is read-only: the server's newest transaction
+    id does not move."""
+    root = new_root(server.hosts)
+    holder = ZooKeeperBackend(hosts=server.hosts, root=root)
+    prober = ZooKeeperBackend(hosts=server.hosts, root=root)
+    try:
+        lease, _ = holder.acquire(lease_name, "alice", 30)
+        assert lease is not None
+        prober.ping(WAIT)  # connected (a new session is a transaction of its own)
+        before = server_zxid(server)
+        seen = prober.read(lease_name)
+        assert seen is not None and (seen.holder, seen.token) == ("alice", lease.token)
+        assert seen.read_at is not None and seen.expires_at is not None
+        assert 0 < (seen.expires_at - seen.read_at).total_seconds() <= 30
+        assert prober.read(f"{lease_name}-free") is None
+        prober.ping(WAIT)
+        assert server_zxid(server) == before, "a read-only probe wrote to the store"
+    finally:
+        holder.shutdown()
+        prober.shutdown()
