@@ -33,7 +33,12 @@ from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, LossReason, clock
 from tests.support.waiting import wait_until
-from tests.support.zookeeper_server import ZooKeeperServer, new_root, skip_without_kazoo
+from tests.support.zookeeper_server import (
+    ZooKeeperEnsemble,
+    ZooKeeperServer,
+    new_root,
+    skip_without_kazoo,
+)
 
 skip_without_kazoo()
 
@@ -438,3 +443,66 @@ def test_read_and_ping_write_nothing(server: ZooKeeperServer, lease_name: str) -
     finally:
         holder.shutdown()
         prober.shutdown()
+
+
+def test_ensemble_restored_from_an_older_copy_never_repeats_a_token(
+    tmp_path: Path, leader_settings: None, lease_name: str
+) -> None:
+    """A three-node ensemble: copy every node's data directory while stopped, restart, let
+    it elect another leader, grant more, stop, put the copies back, start. The restored
+    ensemble reuses an epoch it had before (so zxids repeat), yet a process that never saw
+    the newer transactions notices (the epoch is not the marker's): the lock-delay, and a
+    token greater than every token handed out."""
+    from django_leader.conf import lock_delay
+
+    with ZooKeeperEnsemble(tmp_path) as ensemble:
+        root = new_root(ensemble.hosts)
+        tokens: list[int] = []
+
+        def grant_and_release() -> None:
+            backend = ZooKeeperBackend(hosts=ensemble.hosts, root=root, timeout=2.0)
+            try:
+                lease = wait_until(
+                    lambda: acquired(backend, lease_name, "alice"),
+                    timeout=lock_delay(TTL) + WAIT,
+                    message="no grant",
+                )
+                tokens.append(lease.token)
+                assert backend.release(lease)
+            finally:
+                backend.shutdown()
+
+        def stop_all() -> None:
+            for node in ensemble.nodes:
+                node.stop()
+
+        grant_and_release()
+        stop_all()
+        for i, node in enumerate(ensemble.nodes):
+            shutil.copytree(node.data_dir, tmp_path / f"copy{i}")
+        ensemble.start_all()
+        zk_leader = ensemble.leader()
+        ensemble.kill(zk_leader)  # a new epoch, which the restored ensemble will use again
+        ensemble.wait_quorum()
+        ensemble.start(zk_leader)
+        for _ in range(2):
+            grant_and_release()
+        stop_all()
+        for i, node in enumerate(ensemble.nodes):
+            shutil.rmtree(node.data_dir)
+            shutil.copytree(tmp_path / f"copy{i}", node.data_dir)
+        ensemble.start_all()
+        back = clock()
+        fresh = ZooKeeperBackend(hosts=ensemble.hosts, root=root, timeout=2.0)
+        try:
+            lease = wait_until(
+                lambda: acquired(fresh, lease_name, "bob"),
+                timeout=lock_delay(TTL) + WAIT,
+                message="no grant after the restore",
+            )
+        finally:
+            fresh.shutdown()
+        waited = clock() - back
+        print(f"ensemble restore: tokens before {tokens}, after {lease.token}, {waited:.2f}s")
+        assert lease.token > max(tokens)
+        assert waited >= lock_delay(TTL) - 0.1, "acquired before the lock-delay had passed"
