@@ -18,10 +18,11 @@ Each backend gives its :class:`SlotStore` with :meth:`Backend.slots()
   (not shared): a failover then relies on the wrapped scheduler's own state, and may send
   the last slot again.
 
-Slot times are recorded **in the store's clock** (see :meth:`SlotStore.now`): a beat
-measures how far its own clock is from the store's when its term begins and converts each
-way, so the beats' clocks never meet — one beat's skew can neither delay nor repeat a slot
-of the next one.
+Slot times are recorded **in the store's clock** (see :meth:`SlotStore.now`), so the beats'
+clocks never meet — one beat's skew can neither delay nor repeat a slot of the next one. A
+process sees that clock through a :class:`StoreClock`: read from the store, and carried
+forward between two reads on the boot clock (:func:`django_leader.lease.clock`), which no
+step of the wall clock moves.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from django.utils.dateparse import parse_datetime
 
-from ..lease import Lease
+from ..lease import Lease, clock
+
+#: Seconds a :class:`StoreClock` carries the store's time forward on this process's boot clock
+#: before it reads the store again (a step of the store's own clock is seen within that).
+RESYNC_AFTER = 30.0
 
 #: Longest entry name stored as it is (the width of ``BeatSlot.entry``).
 MAX_ENTRY_LENGTH = 200
@@ -125,3 +130,41 @@ class LocalSlots(SlotStore):
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)  # nothing is shared: this process's clock it is
+
+
+class StoreClock:
+    """The store's clock as this process sees it: read with :meth:`SlotStore.now`, and
+    carried forward between two reads on :func:`django_leader.lease.clock` (the boot clock,
+    which no wall-clock step moves). A step of this process's wall clock changes nothing
+    here; a step of the store's clock is seen at the next read, at most ``resync_after``
+    seconds later.
+
+    A reading counts from the moment its answer arrived, so between two reads the estimate
+    lags the store by up to one round trip (plus the drift of the two clocks' rates) and
+    is never ahead of it, unless the store's clock was stepped back meanwhile.
+    """
+
+    def __init__(self, slots: SlotStore, resync_after: float = RESYNC_AFTER) -> None:
+        self.slots = slots
+        self.resync_after = resync_after
+        self._anchor: tuple[datetime, float] | None = None  # (the store's time, clock())
+
+    def sync(self) -> datetime:
+        """Read the store's clock now (``BackendUnavailable`` if it cannot be read)."""
+        store_now = self.slots.now()
+        self._anchor = (store_now, clock())
+        return store_now
+
+    def now(self) -> datetime:
+        """The store's time now: carried forward from the last read, or read again when
+        that is ``resync_after`` seconds old (or there is none)."""
+        anchor = self._anchor
+        if anchor is None or clock() - anchor[1] >= self.resync_after:
+            return self.sync()
+        store_then, read_at = anchor
+        return store_then + timedelta(seconds=clock() - read_at)
+
+    def offset(self) -> timedelta:
+        """The store's clock minus this process's wall clock, now: what converts a time of
+        one into the other (a step of the wall clock changes it at once)."""
+        return self.now() - datetime.now(timezone.utc)

@@ -18,8 +18,12 @@ A newly elected beat loads the records and moves each entry's ``last_run_at`` up
 last recorded slot before its first tick, so it neither repeats a slot its predecessor
 recorded nor skips the schedule: a slot that fell due while nobody led is sent once, right
 away (Celery's usual catch-up for missed runs). Slot times are recorded in the store's
-clock: at the start of its term a beat measures its clock's offset from the store's and
-converts both ways, so a skewed beat neither delays nor repeats its successor's slots.
+clock: a beat converts between its wall clock and the store's with the offset of the moment
+(the store's time carried forward on the boot clock, see
+:class:`~django_leader.backends.slots.StoreClock`, minus the wall clock), so neither a skewed
+beat nor one whose wall clock steps during its term shifts the records its successor
+continues from. (When the wrapped scheduler sends is its own business, on the wall clock: a
+forward step sends each entry once at once, a backward step delays each by the step.)
 
 A leader that cannot do its job :data:`RESIGN_AFTER` times in a row (a slot it cannot
 record, the records it cannot read, a wrapped scheduler whose tick fails) while its lease
@@ -35,8 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from celery import uuid
@@ -44,7 +47,7 @@ from celery.beat import Scheduler
 from django.apps import apps
 
 from ..backends import close_unusable_connections
-from ..backends.slots import Slot, SlotStore, entry_key
+from ..backends.slots import Slot, SlotStore, StoreClock, entry_key
 from ..conf import get_settings, validate_name
 from ..exceptions import LeadershipLost
 from ..lease import Lease, clock
@@ -99,6 +102,7 @@ class LeaderScheduler(Scheduler):
         self._inner: Any = None
         self._elector: BeatElector | None = None
         self._slots: SlotStore | None = None
+        self._clock: StoreClock | None = None  # the store's time, carried on the boot clock
         self._last: dict[str, datetime] = {}
         self._closing = False
         self._closed = False
@@ -106,8 +110,6 @@ class LeaderScheduler(Scheduler):
         self._failures = 0
         self._strikes = 0  # failures in a row of the current term (see RESIGN_AFTER)
         self._strikes_lease: Lease | None = None
-        # Store clock minus this beat's clock, measured when the current term began.
-        self._offset = timedelta(0)
         # The tick or sync running for a term (since when, and which lease), for _watch.
         self._call: tuple[float, Lease] | None = None
         self._watch_stop = threading.Event()
@@ -126,6 +128,7 @@ class LeaderScheduler(Scheduler):
             django.setup()
         self._elector = BeatElector(self, self._name)
         self._slots = self._elector.backend.slots()
+        self._clock = StoreClock(self._slots)
         self._elector.start()
         threading.Thread(
             target=self._watch, name=f"leader-beat-watchdog:{self._name}", daemon=True
@@ -328,18 +331,15 @@ class LeaderScheduler(Scheduler):
     # -- leadership changes ---------------------------------------------------------------
     def _take_over(self, lease: Lease) -> Any:
         """Build the wrapped scheduler for this term, from the shared slot records."""
-        assert self._slots is not None
+        assert self._slots is not None and self._clock is not None
         try:
             slots = self._slots.load(lease)
-            before = time.time()
-            store_now = self._slots.now()
-            after = time.time()
+            self._clock.sync()
+            # Slot times are recorded in the store's clock, and used in ours.
+            offset = self._clock.offset()
         except Exception as exc:
             logger.warning("celery beat: cannot read the last slots, not sending yet: %s", exc)
             return None
-        # Store clock minus ours, to within half the round trip: slot times are recorded
-        # in the store's clock, and used in ours.
-        self._offset = store_now - datetime.fromtimestamp((before + after) / 2, timezone.utc)
         for slot in slots.values():
             if not slot.sent and slot.token != lease.token:
                 logger.warning(
@@ -351,7 +351,7 @@ class LeaderScheduler(Scheduler):
                     slot.at.isoformat(),
                     slot.entry,
                 )
-        self._last = {key: slot.at - self._offset for key, slot in slots.items()}
+        self._last = {key: slot.at - offset for key, slot in slots.items()}
         if not lease.held:
             return None
         try:
@@ -422,19 +422,21 @@ class LeaderScheduler(Scheduler):
             inner.reserve(entry)
         at = inner._dl_reserved.pop(entry.name, None) or self.app.now()
         at = _aware(at, self.app.timezone).astimezone(timezone.utc)  # this beat's clock
-        slot = Slot(entry_key(entry.name), at + self._offset, lease.token, lease.holder, uuid())
-        assert self._slots is not None
+        assert self._slots is not None and self._clock is not None
         try:
+            # The offset of now: a step of this beat's wall clock does not shift the record.
+            store_at = at + self._clock.offset()
+            slot = Slot(entry_key(entry.name), store_at, lease.token, lease.holder, uuid())
             self._slots.claim(lease, slot)
         except LeadershipLost as exc:
-            logger.warning("celery beat: not sending slot %s of %r: %s", slot.at, entry.name, exc)
+            logger.warning("celery beat: not sending slot %s of %r: %s", at, entry.name, exc)
             return None
         except Exception as exc:
             # Not sent, nor recorded: the entry falls back to its last recorded slot (see
             # _adopt), so the slot is sent at the next tick that can record it.
             logger.error(
                 "celery beat: not sending slot %s of %r: cannot record it: %s",
-                slot.at,
+                at,
                 entry.name,
                 exc,
             )

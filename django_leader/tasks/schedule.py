@@ -28,6 +28,22 @@ slot. So no slot is enqueued twice across a failover, and a slot that fell due w
 nobody led is enqueued once, late (only the latest such slot: missed slots are not
 replayed). A leader that died between 1 and 2 leaves its slot unsent: the successor logs it
 and does not enqueue it (at most once).
+
+An enqueue that fails (the task backend raised) is tried again every :data:`RETRY_AFTER`
+seconds while the term lasts, until it succeeds or the entry's next slot falls due (that
+one is enqueued instead: the failed one is then a missed slot). Before each try the slot is
+recorded again, fenced: only a leader that still holds the lease retries, and a successor
+never enqueues it. (An enqueue that raised *after* the task backend stored the task, a lost
+reply, is enqueued again by the retry: pass ``slot_kwarg`` if a task must notice that.)
+
+**Time.** The leader never uses its wall clock: it reads the store's clock when its term
+begins, every :data:`~django_leader.backends.slots.RESYNC_AFTER` seconds, and before it
+records a slot; in between it carries the store's time forward on its boot clock
+(:class:`~django_leader.backends.slots.StoreClock`). A slot is recorded and enqueued only
+once the store's clock, read just before, has reached it. A step of the leader's wall clock
+changes nothing; a step of the store's clock moves the schedule with it (forward: the latest
+slot stepped over is enqueued at once, the others are missed; back: nothing until the
+store's clock passes the last recorded slot again).
 """
 
 from __future__ import annotations
@@ -35,7 +51,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,9 +63,9 @@ from django.utils.module_loading import import_string
 
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..backends.slots import Slot, SlotStore, entry_key
+from ..backends.slots import Slot, SlotStore, StoreClock, entry_key
 from ..exceptions import BackendUnavailable, LeadershipLost
-from ..lease import Lease
+from ..lease import Lease, clock
 from .compat import task_class
 
 logger = logging.getLogger("django_leader.tasks")
@@ -61,7 +76,7 @@ ENTRY_KEYS = ("task", "every", "args", "kwargs", "slot_kwarg")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 #: Seconds a leader waits before it tries again to record or enqueue after the store or
-#: the task backend failed.
+#: the task backend failed (a slot recorded but not enqueued is tried again, not dropped).
 RETRY_AFTER = 1.0
 
 
@@ -169,17 +184,15 @@ class Enqueuer:
         self.entries = list(entries)
         self.tasks = {entry.name: entry.resolve() for entry in self.entries}
         self.slots = slots
+        self.clock = StoreClock(slots)  # the store's time; never this process's wall clock
         self.last: dict[str, datetime] = {}  # entry key -> last slot recorded (store clock)
-        self.offset = 0.0  # the store's clock minus ours, in seconds
+        # entry key -> a slot recorded but not enqueued, and the clock() of its next try
+        self.failed: dict[str, tuple[Slot, float]] = {}
 
     def start(self) -> None:
         """Read the last recorded slots and the store's clock."""
         records = self.slots.load(self.lease)
-        sent = time.time()
-        store_now = self.slots.now()
-        received = time.time()
-        # Within half the round trip: slots are times on the store's clock.
-        self.offset = store_now.timestamp() - (sent + received) / 2
+        self.clock.sync()
         for entry in self.entries:
             slot = records.get(entry.key)
             if slot is None:
@@ -196,36 +209,67 @@ class Enqueuer:
                     entry.name,
                 )
 
+    def _new_slot(self, entry: Entry, now: datetime) -> bool:
+        last = self.last.get(entry.key)
+        return last is None or entry.due(now) > last
+
     def step(self) -> float:
-        """Enqueue what is due now; the seconds until the next slot falls due."""
-        now = datetime.now(timezone.utc) + timedelta(seconds=self.offset)
+        """Enqueue what is due now by the store's clock, and try again the failed enqueues
+        whose time has come; the seconds until the next slot or try."""
+        now = self.clock.now()
+        if any(self._new_slot(entry, now) for entry in self.entries):
+            now = self.clock.sync()  # due by the estimate: only if the store agrees
         wait = math.inf
         for entry in self.entries:
             due = entry.due(now)
-            last = self.last.get(entry.key)
-            if last is None or due > last:
+            if self._new_slot(entry, now):
                 self.enqueue(entry, due)
+            elif entry.key in self.failed and clock() >= self.failed[entry.key][1]:
+                slot = self.failed[entry.key][0]
+                self.slots.claim(self.lease, slot)  # still ours: LeadershipLost otherwise
+                self.send(entry, slot)
             wait = min(wait, (due - now).total_seconds() + entry.every)
+            if entry.key in self.failed:
+                wait = min(wait, self.failed[entry.key][1] - clock())
         return max(0.0, wait)
 
     def enqueue(self, entry: Entry, at: datetime) -> None:
+        """Record slot ``at`` of ``entry``, fenced, then enqueue it."""
         lease = self.lease
         slot = Slot(entry.key, at, lease.token, lease.holder, uuid.uuid4().hex)
         self.slots.claim(lease, slot)  # LeadershipLost: the term is over
         self.last[entry.key] = at
+        missed = self.failed.pop(entry.key, None)
+        if missed is not None:
+            logger.error(
+                "tasks schedule: slot %s of %r was recorded but never enqueued: slot %s fell "
+                "due first (missed slots are not replayed)",
+                missed[0].at.isoformat(),
+                entry.name,
+                at.isoformat(),
+            )
+        self.send(entry, slot)
+
+    def send(self, entry: Entry, slot: Slot) -> None:
+        """Enqueue the recorded ``slot``; on failure, try again in RETRY_AFTER seconds."""
+        lease, at = self.lease, slot.at
         kwargs = dict(entry.kwargs)
         if entry.slot_kwarg:
             kwargs[entry.slot_kwarg] = at.isoformat()
         try:
             result = self.tasks[entry.name].enqueue(*entry.args, **kwargs)
-        except Exception as exc:  # recorded, not enqueued: never again (at most once)
+        except Exception as exc:
+            self.failed[entry.key] = (slot, clock() + RETRY_AFTER)
             logger.error(
-                "tasks schedule: slot %s of %r recorded but could not be enqueued: %s",
+                "tasks schedule: slot %s of %r recorded but could not be enqueued, trying "
+                "again in %gs: %s",
                 at.isoformat(),
                 entry.name,
+                RETRY_AFTER,
                 exc,
             )
             return
+        self.failed.pop(entry.key, None)
         logger.info(
             "tasks schedule: enqueued %r for slot %s (result %s, token %s)",
             entry.name,

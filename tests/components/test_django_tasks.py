@@ -1,14 +1,18 @@
 """django_leader.tasks in one process, against the test run's database: the schedule's
 validation, the slot grid, one term of the enqueuer and its successor on the shared slot
-records, ``singleton_task``'s ``on_locked`` choices, and ``runleader --tasks``' checks.
+records, the leader's wall clock stepped an hour either way while it leads (time-machine,
+in this process: the stores' clocks do not move), a failing enqueue tried again,
+``singleton_task``'s ``on_locked`` choices, and ``runleader --tasks``' checks.
 
 Between real processes (enqueuers, db_workers, SIGKILL): tests/processes/test_django_tasks.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,13 +21,19 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
+from django.db import connections
 from django.test import override_settings
 
-from django_leader import LeadershipLost, LeaseHeld, lock
+from django_leader import Elector, LeadershipLost, Lease, LeaseHeld, lock
+from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.conf import get_settings
-from django_leader.tasks import Entry, load_schedule
-from django_leader.tasks.schedule import Enqueuer
+from django_leader.lease import clock
+from django_leader.tasks import Entry, load_schedule, run_schedule
+from django_leader.tasks.schedule import RETRY_AFTER, Enqueuer
+from tests.support.electing import WAIT, start
+from tests.support.stores import open_store
+from tests.support.waiting import wait_until
 
 pytest.importorskip("django_tasks_db", reason="django-tasks-db is not installed")
 
@@ -145,6 +155,147 @@ def test_a_deposed_leader_cannot_record_a_slot(store: DatabaseBackend, lease_nam
         with pytest.raises(LeadershipLost):
             enqueuer.step()
     assert not DBTaskResult.objects.filter(task_path=TICK).exists()
+
+
+# -- the leader's clock, and failures of the task backend ----------------------------------------
+@pytest.fixture(params=["sqlite", "postgresql", "redis", "zookeeper"])
+def slot_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """A backend of each kind of slot records (database, Redis, ZooKeeper)."""
+    yield from open_store(request.param)
+
+
+class Recorder:
+    """Stands for an entry's task (``Entry.resolve``): enqueues the real one, and records
+    each enqueue's slot with the store's time read just before it (what a slot enqueued
+    early would show); the first ``fail`` enqueues raise, as a task backend that is down."""
+
+    def __init__(self, store: Backend, fail: int = 0) -> None:
+        from testproject.demoapp import jobs
+
+        self.task = jobs.tick
+        self.slots = store.slots()
+        self.fail = fail
+        self.tries: list[float] = []  # clock() of each enqueue
+        self.enqueued: list[tuple[datetime, datetime]] = []  # (slot, the store's time)
+        self.steps: list[float] = []  # clock() of each Enqueuer.step()
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Any:
+        self.tries.append(clock())
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("the task backend is down")
+        store_now = self.slots.now()
+        result = self.task.enqueue(*args, **kwargs)
+        self.enqueued.append((datetime.fromisoformat(kwargs["slot"]), store_now))
+        return result
+
+
+def lead_schedule(
+    store: Backend,
+    name: str,
+    every: float,
+    recorder: Recorder,
+    electors: list[Elector],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Elector:
+    """An Elector whose work is :func:`run_schedule` of one entry, whose task is
+    ``recorder`` (and whose steps it records)."""
+    entries = load_schedule({"t": {"task": TICK, "every": every, "slot_kwarg": "slot"}})
+    monkeypatch.setattr(Entry, "resolve", lambda entry: recorder)
+    step = Enqueuer.step
+
+    def recorded_step(enqueuer: Enqueuer) -> float:
+        recorder.steps.append(clock())
+        return step(enqueuer)
+
+    monkeypatch.setattr(Enqueuer, "step", recorded_step)
+
+    def work(lease: Lease) -> None:
+        try:
+            run_schedule(lease, schedule=entries, backend=store)
+        finally:
+            connections.close_all()  # this work thread's (a test database is dropped)
+
+    return start(electors, Elector(name, backend=store), work)
+
+
+@pytest.mark.parametrize("jump", [3600, -3600], ids=["ahead-1h", "behind-1h"])
+def test_a_step_of_the_leaders_wall_clock_changes_nothing_in_the_schedule(
+    slot_backend: Backend,
+    lease_name: str,
+    electors: list[Elector],
+    monkeypatch: pytest.MonkeyPatch,
+    jump: int,
+) -> None:
+    """The leader's wall clock steps an hour ahead (or behind) while it leads, then back:
+    every slot is enqueued once, in order, none before the store's clock reached it, none
+    skipped, and the schedule never stalls (issue 24, defect 4: the slots followed the
+    leader's wall clock, so a step ahead enqueued a slot an hour early and then nothing for
+    an hour; a step behind enqueued nothing for an hour)."""
+    time_machine = pytest.importorskip("time_machine")
+    every = 1.5  # > the 1 s a leader waits at most between two looks: every slot is seen
+    recorder = Recorder(slot_backend)
+    elector = lead_schedule(slot_backend, lease_name, every, recorder, electors, monkeypatch)
+    wait_until(lambda: recorder.enqueued, timeout=WAIT, message="the schedule never started")
+    # Stepped for two slots and more, then stepped back for two more (time.sleep and the
+    # leader's waits run on the monotonic clock, which time-machine does not move).
+    with time_machine.travel(datetime.now(timezone.utc) + timedelta(seconds=jump), tick=True):
+        time.sleep(2 * every + 0.5)
+    time.sleep(2 * every + 0.5)
+    elector.stop(timeout=WAIT)
+    store_end = slot_backend.slots().now()
+
+    slots = [slot for slot, _ in recorder.enqueued]
+    early = [(slot, now) for slot, now in recorder.enqueued if slot > now]
+    assert not early, f"slots enqueued before the store's clock reached them: {early}"
+    assert slots == sorted(set(slots)), f"a slot enqueued twice or out of order: {slots}"
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(slots)]
+    looks = [b - a for a, b in itertools.pairwise(recorder.steps)]
+    if max(looks) <= every:  # (a loop held up for a whole slot by the load may skip one)
+        assert all(gap == every for gap in gaps), f"slots skipped: gaps {gaps} s in {slots}"
+    assert len(slots) >= 5, f"the schedule stalled: {slots}"
+    entry = Entry("t", TICK, every)
+    assert slots[-1] >= entry.due(store_end) - timedelta(seconds=every), (slots, store_end)
+
+
+@pytest.mark.parametrize("slot_backend", ["sqlite", "postgresql"], indirect=True)
+def test_a_failed_enqueue_is_tried_again_after_retry_after_and_enqueued_once(
+    slot_backend: Backend,
+    lease_name: str,
+    electors: list[Elector],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The task backend fails twice: the recorded slot is tried again RETRY_AFTER seconds
+    after each failure, enqueued once, and marked sent (issue 24, defect 4: it was
+    dropped)."""
+    from django_tasks_db.models import DBTaskResult
+
+    every = 3600.0
+    store_clock = slot_backend.slots()
+    entry = Entry("t", TICK, every)
+    # Not within a minute of the next slot: the slot that fails is the one enqueued.
+    wait_until(
+        lambda: store_clock.now() - entry.due(store_clock.now()) < timedelta(seconds=every - 60),
+        timeout=70,
+        interval=1,
+    )
+    recorder = Recorder(slot_backend, fail=2)
+    elector = lead_schedule(slot_backend, lease_name, every, recorder, electors, monkeypatch)
+    wait_until(lambda: recorder.enqueued, timeout=WAIT + 3 * RETRY_AFTER, message="not enqueued")
+    steps = len(recorder.steps)
+    wait_until(lambda: len(recorder.steps) >= steps + 2, timeout=WAIT)  # and it looked again
+    lease = elector.lease
+    assert lease is not None
+    record = slot_backend.slots().load(lease)[entry.key]
+    elector.stop(timeout=WAIT)
+
+    assert len(recorder.tries) == 3, recorder.tries
+    first, second, third = recorder.tries
+    assert second - first >= RETRY_AFTER and third - second >= RETRY_AFTER, recorder.tries
+    ((slot, _),) = recorder.enqueued
+    assert record.at == slot and record.sent, record
+    enqueued = DBTaskResult.objects.filter(task_path=TICK)
+    assert [row.args_kwargs["kwargs"]["slot"] for row in enqueued] == [slot.isoformat()]
 
 
 # -- singleton_task -------------------------------------------------------------------------------
