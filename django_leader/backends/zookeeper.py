@@ -945,7 +945,7 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
 
     def read(self, name: str) -> Lease | None:
         """Read-only (two reads, no write: a health probe changes nothing); expiry by
-        :meth:`_read_only_now`."""
+        ``_read_only_now()``."""
         record_found, found = self._record_and_lease(self.client, name)
         if found is None or not found[0].get("holder"):
             return None
