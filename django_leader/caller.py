@@ -373,6 +373,19 @@ class StoreCaller:
             ):
                 self._abandon(worker)
 
+    def leave(self, future: Future[Any]) -> None:
+        """Leave the worker that ``future``'s call is on to the call it runs (``future``'s
+        own, hung, or one ahead of it), so that the calls queued there, ``future``'s
+        included, move to a new thread and connection. Nothing if that worker was left
+        already (the call moved on, or hangs on a worker already replaced) or the call
+        is done."""
+        with self._cond:
+            worker = self._worker
+            if worker is None or worker.abandoned or worker.running is None:
+                return
+            if worker.running.future is future or any(c.future is future for c in worker.queue):
+                self._abandon(worker)
+
     # -- end ------------------------------------------------------------------------------
     def close(self) -> None:
         """Take no more calls; the worker runs those queued, closes its connection and

@@ -302,16 +302,19 @@ class Session:
             self._cond.notify_all()
 
     def _unstick(self, now: float) -> None:
-        """Leave the worker to its call if a batch outlived its bound there, or waited past
-        its patience behind another call: the next calls go to a new thread and connection
-        (``_cond`` held)."""
+        """Leave a batch's worker to its call if the batch outlived its bound there, or
+        waited past its patience behind another call: the next calls go to a new thread
+        and connection (``_cond`` held). Only that worker: one already replaced (by a
+        call that found it hung first) is not replaced again, nor is its successor."""
         if self._calls is None:
             return
-        hung = [batch for batch in self._batches if batch.hung(now)]
-        for batch in hung:
-            batch.left = True
-        if hung or any(batch.waiting(now) for batch in self._batches):
-            self._calls.unstick(force=True)
+        for batch in self._batches:
+            if batch.hung(now):
+                batch.left = True
+            elif not batch.waiting(now):
+                continue
+            assert batch.future is not None
+            self._calls.leave(batch.future)
 
     def _next_wake(self, now: float) -> float:
         """When the loop must wake next: a renewal due, a deadline, a hung batch, or the

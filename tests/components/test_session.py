@@ -221,3 +221,45 @@ def test_watchers_starting_together_share_one_listening_thread(
     finally:
         for made in watches:
             made.close()
+
+
+def test_each_hung_batch_leaves_one_thread_behind(db_backend: Any, lease_name: str) -> None:
+    """A batch that hangs past its bound leaves its own worker (thread and connection)
+    behind, and only that one: the worker that took over is not left too (old code: a
+    second, fresh worker was abandoned per hang, one more thread and connection each)."""
+    faulty = FaultyBackend(db_backend)
+    found = session.session(faulty)
+    hangs = 3
+    try:
+        for i in range(hangs):
+            faulty.hang_renew.set()
+            faulty.renew_started.clear()
+            with lock(f"{lease_name}-{i}", ttl=TTL, backend=faulty) as lease:
+                assert lease.deadline is not None
+                assert faulty.renew_started.wait(WAIT)  # the batch hangs from now on
+                # A loop late past the hung call's bound (a loaded machine): the loss it
+                # reports finds the worker hung and replaces it before the loop looks.
+                with session._registry_lock:
+                    deadline = lease.deadline
+                    while clock() < deadline + 0.2:
+                        time.sleep(0.01)
+                assert lease.lost.wait(WAIT)
+                faulty.hang_renew.clear()
+            # Whatever the loss queued has run on the session's worker.
+            assert session.session(faulty) is found
+            found.call(WAIT, lambda: None)
+            calls = found._calls
+            assert calls is not None
+            assert calls.abandoned == i + 1, (calls.abandoned, i + 1)
+    finally:
+        faulty.unblock.set()
+    calls = found._calls
+    assert calls is not None
+    assert calls._workers == hangs + 1, calls._workers
+    wait_until(
+        lambda: (
+            len([t for t in threading.enumerate() if t.name.startswith("leader-io:session#")]) == 1
+        ),
+        timeout=WAIT,
+        message=lambda: [t.name for t in threading.enumerate()],
+    )
