@@ -81,6 +81,14 @@ class Elector:
     If ``work`` returns while still elected, the elector stays leader; if it raises, the
     elector releases the lease and campaigns again after ``retry_interval``.
 
+    ``watchdog=S``: a work that goes ``S`` seconds without ``lease.heartbeat()`` is deemed
+    stuck; the elector steps down at once (``lease.lost`` set, ``on_lost``, ``is_leader``
+    False, :attr:`stuck_for` counting) but keeps the lease renewed until the work returns,
+    then releases it: a stuck work cannot be interrupted, and the next leader must not run
+    beside it (a payload never outlives its lease). Should the renewals fail meanwhile, the
+    lease is lost at its deadline as ever, and a late act of the work is ``fenced()``'s to
+    refuse.
+
     From asyncio code, see :class:`~django_leader.AsyncElector`; an Elector started from a
     coroutine also runs a coroutine function ``work`` and coroutine callbacks on that
     loop, and ``await elector.wait_for_leadership()`` / ``await elector.stop()`` there.
@@ -221,8 +229,9 @@ class Elector:
 
     @property
     def stuck_for(self) -> float | None:
-        """Seconds since a term ended (lost, watchdog) while its work has not returned yet;
-        None while there is no such work. What the liveness view reads."""
+        """Seconds since a term ended (lost, watchdog, stop) while its work has not returned
+        yet; None while there is no such work. What the liveness view reads. Meanwhile the
+        lease is kept renewed (unless it was lost) and released once the work returns."""
         lost_at = self._lost_at
         return None if lost_at is None else max(0.0, clock() - lost_at)
 
@@ -290,7 +299,10 @@ class Elector:
         release the lease (``release=True``) so a follower takes over at once. Waits up to
         ``timeout`` seconds for the campaign to end (the thread of :meth:`start`, or the
         one in :meth:`run`) — unless called from that thread, the work or a callback, which
-        must return first (then it only asks, and returns).
+        must return first (then it only asks, and returns). After the watchdog fired, the
+        same: the lease stays renewed until the stuck work returns, then it is released
+        (or, with ``release=False``, left to expire); a ``stop()`` that times out first
+        leaves it so.
 
         From a coroutine it does not wait (that would block the event loop, which may be
         running the work): it asks, and returns an awaitable — ``await elector.stop()``
@@ -767,18 +779,15 @@ class Elector:
             if term.end(release=not (self._stop.is_set() and not self._release_on_stop)):
                 self._wake_next(caller, to)
 
-        if stuck:
-            # The work does not answer: hand the lease on now rather than hold it for a
-            # process that cannot lead. This elector campaigns again once the work returns;
-            # until then the liveness view reports it (stuck_for), so that a probe can
-            # restart the process — a second work beside a stuck one would not help.
-            self._lost_at = clock()
-            end_term()
         if worker is not None:
-            if not lease.held and self._lost_at is None:
-                self._lost_at = clock()
-            # The renewer keeps the lease alive while the work winds down after stop();
-            # after a real loss nobody can, so waiting is all there is to do.
+            self._lost_at = clock()  # the term is over; its work is not (yet)
+            # Stepped down (stop(), resign(), the watchdog…): the renewer keeps the lease
+            # alive in the store, so that no other candidate leads while this work may
+            # still act — a stuck work cannot be interrupted, only waited for (rule 8).
+            # Meanwhile is_leader is False and the liveness view reports a work that does
+            # not return (stuck_for), so that a probe can restart the process. After a
+            # real loss nobody can keep the lease: waiting is all there is to do, and a
+            # late act is fenced()'s to refuse.
             while worker.is_alive():
                 worker.join(WORK_WAIT_WARNING)
                 if worker.is_alive():
@@ -788,11 +797,11 @@ class Elector:
                         extra=log_extra(lease),
                     )
         self._lost_at = None
-        if not stuck:
-            end_term()
+        end_term()  # the work returned: release, so that a follower takes over at once
 
     def _hold(self, lease: Lease, caller: Caller) -> bool:
-        """Lead until the term must end; True if the watchdog ended it.
+        """Lead until the term must end; True if the watchdog ended it (the caller then
+        steps down, keeping the lease renewed until the work returns).
 
         Every ``renew_interval`` the registry is read: the membership signals, and in
         ``priority`` mode a higher-priority candidate to hand over to."""
@@ -814,7 +823,8 @@ class Elector:
                 if now - beat >= self.watchdog:
                     logger.warning(
                         "work for %r did not call lease.heartbeat() for %.1fs (watchdog "
-                        "%gs): stepping down",
+                        "%gs): stepping down; the lease is kept renewed until the work "
+                        "returns, then released",
                         self.name,
                         now - beat,
                         self.watchdog,

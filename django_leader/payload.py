@@ -10,9 +10,10 @@ it: the elector (to resign, stop, and for its retry interval), the payload, ``--
 The watchdog of a child (``--watchdog S``) is the runner's, not the Elector's: the child
 touches the file named by ``DJANGO_LEADER_HEARTBEAT_FILE``; once it has not for S seconds,
 the runner stops the child as at the end of a term (SIGTERM, SIGKILL after ``--grace``)
-and resigns only once it is gone. The Elector's own watchdog would release the lease at
-once, while the child may still run. A ``--call`` callable has the Elector's watchdog:
-it calls ``lease.heartbeat()``.
+and resigns only once it is gone. A ``--call`` callable has the Elector's watchdog: it
+calls ``lease.heartbeat()``; once it has not for S seconds the Elector steps down but keeps
+the lease renewed until the callable returns, and ``runleader`` exits without releasing
+should it still run ``--grace`` seconds after (:meth:`PayloadRunner.overdue`).
 """
 
 from __future__ import annotations
@@ -287,7 +288,9 @@ class PayloadRunner:
         self._lost_at = clock()
 
     def overdue(self) -> float | None:
-        """Seconds past ``grace`` that a callable ignores ``lease.lost``, else None."""
+        """Seconds past ``grace`` that a callable ignores ``lease.lost``, else None. Then
+        the command exits without releasing: the lease, kept renewed while the callable
+        ran, expires after its TTL, and the callable cannot act beside the next leader."""
         if self.call is None or self._lost_at is None or not self._running.is_set():
             return None
         late = clock() - self._lost_at

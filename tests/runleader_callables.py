@@ -57,3 +57,14 @@ def beats_then_hangs(lease: Lease) -> None:
     lease.heartbeat()
     while True:
         time.sleep(0.1)  # deadlocked, for ever
+
+
+def stalls_then_acts(lease: Lease) -> None:
+    """Acts (notes ``act <token>``), then stalls for ``DJANGO_LEADER_TEST_STALL`` seconds
+    without a heartbeat, deaf to ``lease.lost`` (for ``--watchdog``), acts again with the
+    same token, and hangs for ever: the stuck work of a leader that may still act."""
+    _note(f"act {lease.token}")
+    time.sleep(float(os.environ["DJANGO_LEADER_TEST_STALL"]))  # stalled, no heartbeat
+    _note(f"act {lease.token}")
+    while True:
+        time.sleep(0.1)  # deadlocked, for ever

@@ -67,11 +67,137 @@ def live_view(grace: float) -> tuple[int, dict[str, Any]]:
     return response.status_code, json.loads(response.content)
 
 
+class Acts:
+    """What the works did, in the order they did it: ``(identity, token, clock())``."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, int, float]] = []
+        self._lock = threading.Lock()
+        self._acted: dict[str, threading.Event] = {}
+
+    def act(self, identity: str, lease: Lease) -> None:
+        with self._lock:
+            self.done.append((identity, lease.token, clock()))
+        self._event(identity).set()
+
+    def _event(self, identity: str) -> threading.Event:
+        with self._lock:
+            return self._acted.setdefault(identity, threading.Event())
+
+    def wait(self, identity: str, timeout: float) -> bool:
+        """Until ``identity`` acted (True), at most ``timeout`` seconds."""
+        return self._event(identity).wait(timeout)
+
+    def of(self, identity: str) -> list[float]:
+        with self._lock:
+            return [at for who, _, at in self.done if who == identity]
+
+
+class HangsThenActs(Hangs):
+    """:class:`Hangs`, and once resumed it acts with its lease, unchecked (the write of a
+    work that was stuck, not dead), and returns."""
+
+    def __init__(self, acts: Acts, identity: str) -> None:
+        super().__init__()
+        self.acts, self.identity = acts, identity
+
+    def __call__(self, lease: Lease) -> None:
+        super().__call__(lease)
+        self.acts.act(self.identity, lease)
+
+
+def acts_then_waits(acts: Acts, identity: str) -> Any:
+    """A work that acts once elected, then waits for ``lease.lost``."""
+
+    def work(lease: Lease) -> None:
+        acts.act(identity, lease)
+        lease.lost.wait()
+
+    return work
+
+
 @stores_db
-def test_work_that_stops_beating_loses_the_lease_and_another_leads(
+def test_stuck_work_keeps_the_lease_until_it_returns(
     backend: Any, lease_name: str, electors: list[Elector]
 ) -> None:
-    work = Hangs()
+    """The watchdog fires: the elector steps down at once (lease.lost, on_lost, is_leader
+    False, stuck_for), but keeps the lease renewed until the stuck work returns, then
+    releases it: no other candidate acts while the stuck work still may."""
+    acts = Acts()
+    work = HangsThenActs(acts, "stuck")
+    lost_called = threading.Event()
+    first = start(
+        electors,
+        Elector(
+            lease_name,
+            identity="stuck",
+            backend=backend,
+            watchdog=WATCHDOG,
+            on_lost=lambda lease: lost_called.set(),
+            **FAST,
+        ),
+        work,
+    )
+    try:
+        assert first.wait_for_leadership(WAIT)
+        lease = first.lease
+        assert lease is not None
+        second = start(
+            electors,
+            Elector(lease_name, identity="second", backend=backend, **FAST),
+            acts_then_waits(acts, "second"),
+        )
+        wait_until(lambda: work.beats >= 3, timeout=WAIT, message="the work does not beat")
+        assert first.stuck_for is None
+
+        work.hang()
+        assert lease.lost.wait(WAIT)
+        lost_after = clock() - work.last_beat
+        assert lease.lost_cause is LossReason.WATCHDOG, lease.lost_reason
+        # The acceptance bound: the elector steps down within watchdog + RENEW_INTERVAL.
+        assert lost_after <= WATCHDOG + RENEW, lost_after
+        assert lost_called.wait(WAIT)
+        assert not first.is_leader and first.lease is None
+        stuck_for = first.stuck_for
+        assert stuck_for is not None and stuck_for >= 0
+        status, body = live_view(grace=0)
+        assert status == 503, body
+        assert {"name": lease_name, "identity": "stuck"}.items() <= body["stuck"][0].items()
+
+        # Twice the TTL: an unrenewed lease would have expired by then, and a released one
+        # been taken within RETRY_INTERVAL, and acted on.
+        acted_while_stuck = acts.wait("second", 2 * TTL)
+        while_stuck = backend.read(lease_name)
+    finally:
+        work.resume()
+    wait_until(lambda: first.stuck_for is None, timeout=WAIT, message="the work never returned")
+    assert second.wait_for_leadership(WAIT)
+    wait_until(lambda: acts.of("second"), timeout=WAIT, message="the second never acted")
+    print(f"acts (identity, token, clock): {acts.done}")
+    assert max(acts.of("stuck")) < min(acts.of("second")), (
+        f"the next leader acted before the stuck work returned: {acts.done}"
+    )
+    assert not acted_while_stuck
+    assert while_stuck is not None and while_stuck.holder == "stuck", while_stuck
+    assert while_stuck.token == lease.token
+    assert second.lease is not None and second.lease.token > lease.token
+    status, body = live_view(grace=0)
+    assert status == 200 and body["stuck"] == [], body
+    # Released once the work returned (not left to expire): the second took it at once.
+    events = [event[:2] for event in history(backend, lease_name)]
+    assert events[:3] == [("acquired", "stuck"), ("released", "stuck"), ("acquired", "second")]
+
+
+@stores_db
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # any store will do
+@pytest.mark.parametrize("release", [True, False])
+def test_stop_while_stuck_waits_for_the_work(
+    backend: Any, lease_name: str, electors: list[Elector], release: bool
+) -> None:
+    """``stop()`` after the watchdog fired: the lease stays renewed while the stuck work
+    runs; once it returns it is released (``release=True``) or left to expire."""
+    acts = Acts()
+    work = HangsThenActs(acts, "stuck")
     first = start(
         electors,
         Elector(lease_name, identity="stuck", backend=backend, watchdog=WATCHDOG, **FAST),
@@ -81,34 +207,30 @@ def test_work_that_stops_beating_loses_the_lease_and_another_leads(
         assert first.wait_for_leadership(WAIT)
         lease = first.lease
         assert lease is not None
-        second = start(electors, Elector(lease_name, identity="second", backend=backend, **FAST))
-        wait_until(lambda: work.beats >= 3, timeout=WAIT, message="the work does not beat")
-        assert first.stuck_for is None
-
+        second = start(
+            electors,
+            Elector(lease_name, identity="second", backend=backend, **FAST),
+            acts_then_waits(acts, "second"),
+        )
         work.hang()
         assert lease.lost.wait(WAIT)
-        lost_after = clock() - work.last_beat
-        assert lease.lost_cause is LossReason.WATCHDOG, lease.lost_reason
-        # The acceptance bound: the lease is given up within watchdog + RENEW_INTERVAL.
-        assert lost_after <= WATCHDOG + RENEW, lost_after
-        assert second.wait_for_leadership(WAIT)
-        print(f"led by another {clock() - work.last_beat:.3f}s after the last heartbeat")
-        assert second.lease is not None and second.lease.token > lease.token
-
-        # The work is still running: the liveness view says so once past the grace.
-        stuck_for = first.stuck_for
-        assert stuck_for is not None and stuck_for >= 0
-        status, body = live_view(grace=0)
-        assert status == 503, body
-        assert {"name": lease_name, "identity": "stuck"}.items() <= body["stuck"][0].items()
+        first.stop(release=release, timeout=0.1)  # the work runs on: it cannot wait for it
+        assert first.stuck_for is not None
+        acted_while_stuck = acts.wait("second", 2 * TTL)
+        while_stuck = backend.read(lease_name)
     finally:
         work.resume()
-    wait_until(lambda: first.stuck_for is None, timeout=WAIT, message="the work never returned")
-    status, body = live_view(grace=0)
-    assert status == 200 and body["stuck"] == [], body
-    assert second.is_leader  # the first campaigns again, as a follower
+    first.stop(release=release, timeout=WAIT)  # now it ends (stop() has the last word)
+    assert second.wait_for_leadership(WAIT)
+    wait_until(lambda: acts.of("second"), timeout=WAIT, message="the second never acted")
+    assert max(acts.of("stuck")) < min(acts.of("second")), acts.done
+    assert not acted_while_stuck
+    assert while_stuck is not None and while_stuck.holder == "stuck", while_stuck
     events = [event[:2] for event in history(backend, lease_name)]
-    assert events[:3] == [("acquired", "stuck"), ("released", "stuck"), ("acquired", "second")]
+    assert events[:2] == [
+        ("acquired", "stuck"),
+        ("released", "stuck") if release else ("taken_over", "second"),
+    ], events
 
 
 @stores_db

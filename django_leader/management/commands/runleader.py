@@ -8,7 +8,11 @@
 The payload starts only after the lease is held and is stopped when leadership ends; the
 lease is released only after the payload stopped. ``--watchdog S``: a callable must call
 ``lease.heartbeat()``, a child must touch the file named by ``DJANGO_LEADER_HEARTBEAT_FILE``,
-at least every S seconds; else it is stopped and the lease let go (not with ``--beat``).
+at least every S seconds (not with ``--beat``). A child that does not is stopped, then the
+lease released. A callable that does not cannot be stopped: the elector steps down
+(``lease.lost``) but keeps the lease renewed while it runs, releases it if it returns, and
+if it is still running ``--grace`` later runleader exits without releasing (the lease then
+expires after its TTL): a stuck callable never acts beside the next leader's payload.
 SIGTERM/SIGINT: stop the payload, release, exit 0; a second signal forces exit. Exit codes:
 0 ok, 1 error (including a ``--call`` callable that ignored ``lease.lost`` past ``--grace``),
 2 usage.
@@ -95,7 +99,8 @@ class Command(BaseCommand):
             metavar="S",
             help="the payload must show it is alive every S seconds (--call: "
             "lease.heartbeat(); a child: touch $DJANGO_LEADER_HEARTBEAT_FILE), else it "
-            "is stopped and the lease let go; not with --beat",
+            "is stopped and the lease let go (a callable that cannot be stopped: exit "
+            "after --grace, the lease left to expire); not with --beat",
         )
         parser.add_argument("command", nargs="*", help="after --: the child command")
 
@@ -237,11 +242,16 @@ def run(elector: Elector, runner: PayloadRunner) -> int:
                     "signal received: stopping the payload, then releasing %r", elector.name
                 )
                 runner.stop()
+            # A callable deaf to lease.lost cannot be stopped: exit, and leave the lease
+            # (kept renewed until now, so that nobody led beside it) to expire on its own.
+            # The elector's thread is a daemon, blocked until the callable returns: it
+            # releases nothing on the way out.
             overdue = runner.overdue()
             if overdue is not None and runner.lost_cause is LossReason.WATCHDOG:
                 logger.error(
                     "--call %s stopped calling lease.heartbeat() and ignored lease.lost for "
-                    "%.1fs (grace %.1fs): exiting; the watchdog let the lease go already",
+                    "%.1fs (grace %.1fs): exiting without releasing the lease, which "
+                    "expires on its own",
                     runner.call_name,
                     overdue,
                     runner.grace,
