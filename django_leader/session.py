@@ -136,8 +136,10 @@ class Session:
         urgent: bool = False,
     ) -> Future[T]:
         """``StoreCaller.submit`` on the session's caller."""
-        with self._cond:
-            return self._caller().submit(fn, *args, bound=bound, on_late=on_late, urgent=urgent)
+        with _registry_lock:
+            live = self._live()
+            with live._cond:
+                return live._caller().submit(fn, *args, bound=bound, on_late=on_late, urgent=urgent)
 
     def call(
         self,
@@ -165,15 +167,27 @@ class Session:
     def _waiting(self) -> Iterator[StoreCaller]:
         """The caller, counted as in use while somebody waits for a call on it (an idle
         session is one nobody waits on)."""
-        with self._cond:
-            caller = self._caller()
-            self._users += 1
+        with _registry_lock:
+            live = self._live()
+            with live._cond:
+                caller = live._caller()
+                live._users += 1
         try:
             yield caller
         finally:
-            with self._cond:
-                self._users -= 1
-                self._last_use = clock()
+            with live._cond:
+                live._users -= 1
+                live._last_use = clock()
+
+    def _live(self) -> Session:
+        """This session if it is still the process's session for its backend, else the one
+        that is, made if need be (``_registry_lock`` held). A session that ended idle or
+        was closed (:func:`close_all`) is never started again: whoever kept it — an
+        Elector campaigning for longer than :data:`IDLE_TIMEOUT` between two calls — is
+        served by the registered one, which :func:`close_all` reaches."""
+        if _registry.get(id(self.backend)) is self and self.pid == os.getpid():
+            return self
+        return _registered(self.backend)
 
     # -- renewers -------------------------------------------------------------------------
     @property
@@ -181,14 +195,21 @@ class Session:
         """How many leases the session renews now."""
         return len(self._renewers)
 
-    def add(self, renewer: Renewer) -> None:
-        """Renew ``renewer``'s lease from now on, first at its ``next_renew``."""
-        with self._cond:
-            self._renewers.add(renewer)
-            self._last_use = clock()
-            self._start()
-            if self._wake_at is None or min(renewer.next_renew, renewer.deadline) < self._wake_at:
-                self._cond.notify_all()
+    def add(self, renewer: Renewer) -> Session:
+        """Renew ``renewer``'s lease from now on, first at its ``next_renew``. Returns the
+        session that does (another if this one has ended: see :meth:`_live`)."""
+        with _registry_lock:
+            live = self._live()
+            with live._cond:
+                live._renewers.add(renewer)
+                live._last_use = clock()
+                live._start()
+                if (
+                    live._wake_at is None
+                    or min(renewer.next_renew, renewer.deadline) < live._wake_at
+                ):
+                    live._cond.notify_all()
+        return live
 
     def remove(self, renewer: Renewer) -> None:
         """Stop renewing ``renewer``'s lease (a batch in flight is not waited for: its
@@ -448,12 +469,17 @@ def session(backend: Backend) -> Session:
     """The session of ``backend`` in this process (a new one after a fork, or after the
     last one ended idle)."""
     with _registry_lock:
-        found = _registry.get(id(backend))
-        if found is None or found.pid != os.getpid():
-            found = _registry[id(backend)] = Session(backend)
-        with found._cond:
-            found._last_use = clock()  # not idle: it is about to be used
-        return found
+        return _registered(backend)
+
+
+def _registered(backend: Backend) -> Session:
+    """:func:`session`, with ``_registry_lock`` held."""
+    found = _registry.get(id(backend))
+    if found is None or found.pid != os.getpid():
+        found = _registry[id(backend)] = Session(backend)
+    with found._cond:
+        found._last_use = clock()  # not idle: it is about to be used
+    return found
 
 
 def _after_fork() -> None:

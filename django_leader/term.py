@@ -222,8 +222,7 @@ class Renewer:
         return deadline
 
     def start(self) -> None:
-        self._session = session_of(self.backend)
-        self._session.add(self)
+        self._session = session_of(self.backend).add(self)
 
     def stop(self) -> None:
         """Stop renewing (does not release). Returns at once, even while a renewal hangs

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from django_leader import lock, session, signals
+from django_leader import Elector, lock, session, signals
+from django_leader.backends.db import DatabaseBackend
 from django_leader.lease import Lease, LossReason, clock
 from tests.support.counting import CountingBackend
 from tests.support.faults import FaultyBackend
@@ -263,3 +264,53 @@ def test_each_hung_batch_leaves_one_thread_behind(db_backend: Any, lease_name: s
         timeout=WAIT,
         message=lambda: [t.name for t in threading.enumerate()],
     )
+
+
+def test_a_session_that_ended_idle_is_never_used_again(
+    db_backend: Any, lease_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Elector keeps the session it started with; when it waits longer than
+    IDLE_TIMEOUT between two calls, that session ends and leaves the registry. Its next
+    calls go to the registered session (old code: they started the orphan again, which
+    close_all() never reached)."""
+    monkeypatch.setattr(session, "IDLE_TIMEOUT", 0.2)
+    starts: list[Any] = []
+    start = session.Session._start
+
+    def counted_start(self: Any) -> None:
+        if self._thread is None:
+            starts.append(self)
+        start(self)
+
+    monkeypatch.setattr(session.Session, "_start", counted_start)
+    holder = DatabaseBackend(db_backend.alias)  # the leader: a session of its own
+    counted = CountingBackend(db_backend)
+    elector = Elector(lease_name, ttl=TTL, retry_interval=0.6, backend=counted)
+    try:
+        with lock(lease_name, ttl=TTL, backend=holder):
+            elector.start()
+            wait_until(
+                lambda: session._registry.get(id(counted)) is not None,
+                timeout=WAIT,
+                message="the elector never used a session",
+            )
+            first = session._registry[id(counted)]
+            wait_until(
+                lambda: session._registry.get(id(counted)) is not first and first._thread is None,
+                timeout=WAIT,
+                message="the elector's session never ended idle",
+            )
+            attempts = counted.log.tally(counted.log.between())["acquire"]
+            wait_until(
+                lambda: counted.log.tally(counted.log.between())["acquire"] >= attempts + 2,
+                timeout=WAIT,
+                message="the elector stopped campaigning",
+            )
+            assert starts.count(first) == 1, "the session that ended idle was started again"
+            assert first._calls is None and first._thread is None
+            assert not elector.is_leader
+    finally:
+        elector.stop()
+        holder.close()
+    session.close_all(WAIT)
+    assert not [t.name for t in threading.enumerate() if t.name == "leader-session"]
