@@ -102,6 +102,27 @@ def test_a_fenced_block_until_its_deadline_costs_no_other_lease(
         assert not b.lost.is_set() and b.held
 
 
+def test_the_locked_lease_is_renewed_once_its_fenced_block_ends(
+    configured: Any, lease_name: str
+) -> None:
+    """A lease whose own ``fenced()`` block outlasts the call timeout (its row locked
+    through two renewal rounds) is renewed once the block ends, before its deadline: its
+    renewal is tried again on its own, more often as the deadline nears."""
+    backend = configured
+    with lock(lease_name, ttl=TTL, backend=backend) as a:
+        assert a.deadline is not None
+        first = a.deadline
+        with a.fenced():
+            # Through two renewal rounds, ending 1.5 s before the deadline.
+            threading.Event().wait(max(0.0, first - 1.5 - clock()))
+        wait_until(
+            lambda: a.deadline is not None and a.deadline > first,
+            timeout=WAIT,
+            message=lambda: f"not renewed after its fenced() block: {a.lost_reason}",
+        )
+        assert not a.lost.is_set() and a.held
+
+
 def test_renew_many_answers_the_free_rows_at_once(row_locking: Any, lease_name: str) -> None:
     """``renew_many`` never waits for a locked row: the free lease is renewed and its
     answer delivered (``RenewedInPart``) while the busy one's row is still locked; the
