@@ -8,7 +8,9 @@ one thread renews all those that are due together, in one
 :meth:`~django_leader.backends.base.Backend.renew_many` call per ttl — one round trip for
 all of them where the store can batch. Each lease keeps its own local deadline, token and
 loss: the loop marks a lease lost when *its* renewal is refused or *its* deadline passes
-(even while a batch is in flight), and one lease refused never costs the others theirs.
+(even while a batch is in flight), and one lease refused never costs the others theirs;
+nor does one whose row is locked by its holder's ``fenced()`` (the batch answers the
+others; that one is tried again alone, ``RenewedInPart``).
 
 A session owns two threads and one store connection, whatever the number of leases:
 
@@ -22,8 +24,8 @@ A batch goes ahead of every queued call. Should it not start within its leases' 
 timeout (a slow call ahead of it), or run past its bound, the worker is left to that call
 with its connection and the next calls go to a new thread (see docs/safety.md, "Bounded
 store calls"): a renewal never waits long for anything else. A session idle for
-:data:`IDLE_TIMEOUT` seconds (no lease, no call) ends its threads and closes its
-connection; the next use starts them again.
+:data:`IDLE_TIMEOUT` seconds (no lease, no call) ends its threads, closes its connection
+and leaves the registry; a later use of it goes to the backend's registered session.
 """
 
 from __future__ import annotations
