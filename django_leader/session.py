@@ -182,11 +182,9 @@ class Session:
                 live._last_use = clock()
 
     def _live(self) -> Session:
-        """This session if it is still the process's session for its backend, else the one
-        that is, made if need be (``_registry_lock`` held). A session that ended idle or
-        was closed (:func:`close_all`) is never started again: whoever kept it — an
-        Elector campaigning for longer than :data:`IDLE_TIMEOUT` between two calls — is
-        served by the registered one, which :func:`close_all` reaches."""
+        """This session while registered, else the registered one (``_registry_lock``
+        held): one that ended idle or was closed is never started again, out of reach
+        of :func:`close_all` (an Elector keeps its session across long waits)."""
         if _registry.get(id(self.backend)) is self and self.pid == os.getpid():
             return self
         return _registered(self.backend)
@@ -198,18 +196,16 @@ class Session:
         return len(self._renewers)
 
     def add(self, renewer: Renewer) -> Session:
-        """Renew ``renewer``'s lease from now on, first at its ``next_renew``. Returns the
-        session that does (another if this one has ended: see :meth:`_live`)."""
+        """Renew ``renewer``'s lease from now on, first at its ``next_renew``; the session
+        that does (see :meth:`_live`)."""
         with _registry_lock:
             live = self._live()
             with live._cond:
                 live._renewers.add(renewer)
                 live._last_use = clock()
                 live._start()
-                if (
-                    live._wake_at is None
-                    or min(renewer.next_renew, renewer.deadline) < live._wake_at
-                ):
+                wake = live._wake_at
+                if wake is None or min(renewer.next_renew, renewer.deadline) < wake:
                     live._cond.notify_all()
         return live
 
@@ -327,8 +323,7 @@ class Session:
     def _unstick(self, now: float) -> None:
         """Leave a batch's worker to its call if the batch outlived its bound there, or
         waited past its patience behind another call: the next calls go to a new thread
-        and connection (``_cond`` held). Only that worker: one already replaced (by a
-        call that found it hung first) is not replaced again, nor is its successor."""
+        and connection (``_cond`` held). A worker already replaced is not replaced again."""
         if self._calls is None:
             return
         for batch in self._batches:
@@ -364,12 +359,12 @@ class Session:
             for renewer in batch.renewers:
                 renewer.in_flight = False
         took = clock() - batch.sent
-        pending: frozenset[int] = frozenset()
+        part: RenewedInPart | None = None
         try:
             try:
                 results = batch.future.result()
-            except RenewedInPart as part:  # rows locked (a fenced()): the others' answers stand
-                results, pending = part.results, part.pending
+            except RenewedInPart as exc:  # rows locked (a fenced()): the others' answers stand
+                results, part = exc.results, exc
             if len(results) != len(batch.renewers):
                 raise RuntimeError(
                     f"renew_many returned {len(results)} results for {len(batch.renewers)} leases"
@@ -381,8 +376,9 @@ class Session:
             logger.error("renewing %d leases failed: %r", len(renewers), exc, exc_info=exc)
             self._drop(renewers, LossReason.RENEWER_FAILED, repr(exc))
             return
-        waiting = {id(batch.renewers[i]) for i in pending}
-        self._retry([r for r in renewers if id(r) in waiting], None)
+        waiting = {id(batch.renewers[i]) for i in part.pending} if part else set()
+        if part is not None:
+            self._retry([r for r in renewers if id(r) in waiting], part)
         answers = dict(zip(map(id, batch.renewers), results, strict=True))
         refused: list[Renewer] = []
         late: list[Renewer] = []
@@ -400,23 +396,19 @@ class Session:
         self._drop(refused, LossReason.REFUSED)
         self._drop(late, LossReason.ANSWERED_LATE)
 
-    def _retry(self, renewers: list[Renewer], exc: BackendUnavailable | None) -> None:
-        """Try ``renewers`` again soon (alone, should no other be due): every retry
-        interval, more often as the deadline nears. ``exc``: why they failed; None: their
-        row was locked (a ``fenced()`` of theirs, most often), which is no failure."""
+    def _retry(self, renewers: list[Renewer], exc: BackendUnavailable) -> None:
+        """Try ``renewers`` again every retry interval, more often as the deadline nears
+        (``RenewedInPart``: their row was locked, by a ``fenced()``: no failure)."""
         now = clock()
+        locked = isinstance(exc, RenewedInPart)
         for renewer in renewers:
-            if exc is not None:
+            if not locked:
                 hooks.notify("renew_failed", renewer.lease.name)
             left = renewer.deadline - now
             renewer.next_renew = now + min(renewer.timing.retry_interval, max(0.05, left / 2))
-        if renewers and exc is None:
-            logger.info(
-                "renewing %s: the row is locked by a transaction (a fenced() block?), tried again",
-                ", ".join(repr(r.lease.name) for r in renewers),
-            )
-        elif renewers:
-            logger.warning(
+        if renewers:
+            logger.log(
+                logging.INFO if locked else logging.WARNING,
                 "renewing %d lease(s) (%s) failed, retrying: %s",
                 len(renewers),
                 ", ".join(repr(r.lease.name) for r in renewers[:3])
