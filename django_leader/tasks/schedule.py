@@ -59,6 +59,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.utils.module_loading import import_string
 
 from ..backends import get_backend
@@ -298,6 +299,16 @@ def run_schedule(
     enqueuer = Enqueuer(lease, entries, store.slots())
     if not entries:
         logger.warning("tasks schedule: DJANGO_LEADER['TASKS_SCHEDULE'] is empty")
+    try:
+        _enqueue_while_held(lease, enqueuer)
+    finally:
+        # This thread's Django connections (the enqueued tasks' database, the records'):
+        # a term's work thread ends here, and its connections would stay open until
+        # garbage-collected.
+        connections.close_all()
+
+
+def _enqueue_while_held(lease: Lease, enqueuer: Enqueuer) -> None:
     started = False
     while not lease.lost.is_set():
         try:
