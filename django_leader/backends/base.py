@@ -116,9 +116,12 @@ class Backend(ABC):
         trip overrides it (every shipped store does); each lease is still renewed or refused
         on its own, exactly as by :meth:`renew`. A lease listed more than once may be
         renewed once, every occurrence getting that answer. A lease whose renewal must wait
-        (a row lock) should not delay the others' renewal in the store. Raises
-        ``BackendUnavailable`` if the store cannot be reached (then some of the leases may
-        have been renewed: the caller treats none as renewed and tries again)."""
+        (a row lock) should delay neither the others' renewal in the store nor their
+        answers: the store may raise ``RenewedInPart`` (``backends/partial.py``) with the
+        answers of all leases and the positions of those it could not decide (the session
+        applies the others and tries those again). Raises ``BackendUnavailable`` if the
+        store cannot be reached (then some of the leases may have been renewed: the caller
+        treats none as renewed and tries again)."""
         return [self.renew(lease, ttl) for lease in leases]
 
     def watch(

@@ -5,16 +5,13 @@ up none of the others."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
 
-from django_leader.lease import Lease, clock
+from django_leader.lease import Lease
 from tests.support.stores import CACHE_STORES, open_store, stores_db
-from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 
@@ -96,52 +93,3 @@ def test_redis_renews_a_batch_in_one_round_trip(
     renewed = redis_store.renew_many(leases, 30)
     assert None not in renewed
     assert len(sent) <= MOST, sent
-
-
-@pytest.fixture(params=["postgresql", "mysql"])
-def row_locking(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A database backend on each database with row locks (SQLite locks the whole file)."""
-    yield from open_store(request.param)
-
-
-def test_a_lease_in_a_fenced_transaction_holds_up_no_other(
-    row_locking: Any, lease_name: str
-) -> None:
-    """The row of a lease whose holder is inside ``fenced()`` is locked until that
-    transaction ends: the batch renews the others at once, then waits for it."""
-    backend = row_locking
-    busy, _ = backend.acquire(f"{lease_name}-busy", "alice", 30)
-    free, _ = backend.acquire(f"{lease_name}-free", "alice", 30)
-    assert busy is not None and free is not None
-    busy.deadline = clock() + 30
-    inside, leave = threading.Event(), threading.Event()
-
-    def fenced() -> None:
-        try:
-            with backend.fenced(busy):
-                inside.set()
-                assert leave.wait(30)
-        finally:
-            connections[backend.alias].close()
-
-    holder = threading.Thread(target=fenced)
-    holder.start()
-    answer: list[Any] = []
-    renewer = threading.Thread(target=lambda: answer.append(backend.renew_many([busy, free], 40)))
-    try:
-        assert inside.wait(10)
-        renewer.start()
-        wait_until(
-            lambda: backend.read(free.name).expires_at != free.expires_at,
-            timeout=10,
-            message="the free lease waited for the locked one",
-        )
-        assert backend.read(busy.name).expires_at == busy.expires_at  # still locked
-        assert renewer.is_alive()
-    finally:
-        leave.set()
-        holder.join(30)
-    renewer.join(30)
-    renewed = answer[0]
-    assert [lease.name for lease in renewed] == [busy.name, free.name]
-    assert renewed[0].expires_at > busy.expires_at and renewed[1].expires_at > free.expires_at
