@@ -1,6 +1,6 @@
 """Elections between real OS processes on real stores, with real faults: the acceptance of
 the election modes (fifo, priority), of the candidate registry's heartbeats, of the store's
-wake-ups and of the Elector's watchdog.
+and wake-ups (the Elector's watchdog between processes: test_elector_watchdog.py).
 
 Each candidate is ``tests/procs/candidate.py`` (an Elector in a process of its own, driven
 through ``tests/support/cluster.py``); with ``DL_MP_DEFER=1`` it loads, then campaigns only
@@ -453,51 +453,6 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
         message="b's hub never listened again",
     )
     assert again != listening, again  # a new connection
-    assert_no_overlap(cluster)
-
-
-# -- 5. the watchdog ------------------------------------------------------------------------
-WATCHDOG = 1.0
-
-
-@on("sqlite", "postgresql", "zookeeper")
-def test_watchdog_hands_the_lease_on_when_the_work_deadlocks(
-    cluster: Cluster, store: Backend, request: pytest.FixtureRequest
-) -> None:
-    """Two candidates with ``watchdog=1``; the leader's work deadlocks (it stops calling
-    ``lease.heartbeat()``). Within watchdog + RENEW_INTERVAL of its last heartbeat the
-    leader steps down and releases, and the other process leads; the stuck one reports its
-    work still running (``stuck_for``) and does not lead."""
-    children = cluster.candidates("a", "b", retry=RETRY, DL_MP_WATCHDOG=str(WATCHDOG))
-    first = cluster.wait_for(matches("elected"), "a first leader", PATIENCE)
-    old = cluster.children[first["who"]]
-    new = next(child for child in children if child is not old)
-    wait_renewals(cluster, old.label, first["token"], 2)  # heart-beating, it keeps the lease
-
-    after = old.send("hang")
-    hanging = cluster.wait_for(matches("hanging", old.label), "the work hanging", after=after)
-    lost = cluster.wait_for(
-        matches("lost", old.label, token=first["token"]),
-        "the watchdog firing",
-        WATCHDOG + RENEW + MARGIN + PATIENCE,
-        after=after,
-    )
-    elected = cluster.wait_for(matches("elected", new.label), "a takeover", after=after)
-    report(
-        request,
-        stepped_down=lost["clock"] - hanging["beat_clock"],
-        takeover=elected["clock"] - lost["clock"],
-    )
-    assert lost["reason"].startswith(LossReason.WATCHDOG.value), lost
-    assert lost["clock"] - hanging["beat_clock"] <= WATCHDOG + RENEW, (hanging, lost)
-    assert lost["clock"] < elected["clock"], (lost, elected)
-    # Released, not left to expire: the other process leads at once.
-    assert elected["clock"] - lost["clock"] <= RETRY + MARGIN, (lost, elected)
-    assert elected["previous_holder"] == "", elected  # released, not expired
-    status = old.request("status", "status")
-    assert status["is_leader"] is False, status
-    assert status["stuck_for"] is not None and status["stuck_for"] > 0, status
-    assert status["store_holder"] == new.identity, status
     assert_no_overlap(cluster)
 
 
