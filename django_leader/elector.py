@@ -16,7 +16,7 @@ from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from . import aio, hooks, signals
+from . import aio, hooks, jitter, signals
 from .backends.base import Backend, Watch
 from .caller import Caller
 from .conf import (
@@ -573,7 +573,9 @@ class Elector:
         return max(0.0, min(interval, self._announce_due - clock()))
 
     def _until_wake(self) -> float:
-        retry = self.timing.retry_interval
+        # Jittered (never longer): candidates that started or were woken together do not
+        # poll in lockstep, nor all try at a lease's exact expiry.
+        retry = jitter.shorter(self.timing.retry_interval)
         watch = self._watch
         if watch is None or not watch.live:
             return retry
@@ -586,7 +588,9 @@ class Elector:
         until = self._seen_sent + seen.expires_in + 0.005 - clock()
         # Never sooner than a few milliseconds, nor twice in a row for the same lease: a
         # lease that should have expired by now is tried again after retry_interval.
-        return min(cap, max(0.005, until)) if until > -0.5 else retry
+        if until <= -0.5:
+            return retry
+        return min(cap, max(0.005, until + jitter.after_expiry(self.timing.retry_interval)))
 
     def _leave_queue(self, caller: Caller) -> None:
         """Leave the registry (in the background, on the store thread: before any later

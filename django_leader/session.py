@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import hooks
+from . import hooks, jitter
 from .backends.base import Backend
 from .backends.partial import RenewedInPart
 from .caller import StoreCaller
@@ -397,15 +397,15 @@ class Session:
         self._drop(late, LossReason.ANSWERED_LATE)
 
     def _retry(self, renewers: list[Renewer], exc: BackendUnavailable) -> None:
-        """Try ``renewers`` again every retry interval, more often as the deadline nears
-        (``RenewedInPart``: their row was locked, by a ``fenced()``: no failure)."""
+        """Try ``renewers`` again every retry interval (jittered), more often as the deadline
+        nears (``RenewedInPart``: their row was locked, by a ``fenced()``: no failure)."""
         now = clock()
         locked = isinstance(exc, RenewedInPart)
         for renewer in renewers:
             if not locked:
                 hooks.notify("renew_failed", renewer.lease.name)
-            left = renewer.deadline - now
-            renewer.next_renew = now + min(renewer.timing.retry_interval, max(0.05, left / 2))
+            retry = jitter.shorter(renewer.timing.retry_interval)
+            renewer.next_renew = now + min(retry, max(0.05, (renewer.deadline - now) / 2))
         if renewers:
             logger.log(
                 logging.INFO if locked else logging.WARNING,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_leader import jitter, lock
+from django_leader import Elector, jitter, lock
 from django_leader.backends.db import DatabaseBackend
 
 RETRY = 0.5
@@ -51,3 +51,13 @@ def test_a_waiting_lock_polls_out_of_step(seeded: object) -> None:
     pauses = [waiter._outcome(None, None, None)[1] for _ in range(50)]
     assert all((1 - jitter.SPREAD) * retry <= pause <= retry for pause in pauses)
     assert len(set(pauses)) > 40
+
+
+def test_a_waiting_elector_polls_out_of_step(seeded: object) -> None:
+    """A candidate without wake-ups polls after at most RETRY_INTERVAL, not the same each
+    time."""
+    elector = Elector("jitter", backend=DatabaseBackend("default"))
+    retry = elector.timing.retry_interval
+    polls = [elector._poll_interval() for _ in range(50)]
+    assert all((1 - jitter.SPREAD) * retry <= poll <= retry for poll in polls)
+    assert len(set(polls)) > 40
