@@ -515,6 +515,9 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
         marker_result = client.get_async(f"{self.root}/store")  # sent first, read after
         record_found, current = self._record_and_lease(client, name)
         marker = self._read_result(marker_result)
+        if marker is None:
+            # Written anew with the lock-delay: a rollback the session saw is covered too.
+            session.forgotten = 0
         store = marker[0] if marker is not None else losses.lost_marker(self, client, ttl)
 
         fence = int(store.get("fence", 0))
