@@ -67,6 +67,7 @@ from urllib.parse import quote, unquote
 from ..conf import ZooKeeperSettings, get_settings
 from ..exceptions import BackendUnavailable, NotSupportedError
 from ..lease import EventKind, Lease
+from ..lease import clock as lease_clock
 from . import zookeeper_losses as losses
 from .base import Backend, Watch
 from .history import HistoryWriter, WrittenAfterwards
@@ -196,6 +197,8 @@ class _Session:
         #: The newest zxid the client had seen when a refused handshake made it forget it
         #: (0: none): a later write with a lower zxid shows the store went back.
         self.forgotten = 0
+        #: When (lease clock) the first such refusal was seen: the store went back before.
+        self.refused_at = 0.0
         self.client = kazoo.client.KazooClient(
             hosts=conf.hosts,
             timeout=timeout,
@@ -254,6 +257,8 @@ class _Session:
                         conf.hosts,
                         refused[0],
                     )
+                    if not session.forgotten:
+                        session.refused_at = lease_clock()
                     session.forgotten = max(session.forgotten, int(client.last_zxid))
                     client.last_zxid = 0
                     refused[0] = 0

@@ -31,6 +31,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from ..conf import lock_delay
+from ..lease import clock as lease_clock
 
 if TYPE_CHECKING:
     from .zookeeper import ZooKeeperBackend, _Session
@@ -107,6 +108,8 @@ def rolled_back(
     epoch = zxid_epoch(clock.mzxid)
     forgotten, session.forgotten = session.forgotten, 0
     went_back = bool(forgotten) and int(clock.mzxid) < forgotten
+    if went_back and _rewritten_since(data, clock, session.refused_at):
+        went_back = False  # another process noticed first: its lock-delay covers this one
     if "zxepoch" not in data and not went_back:
         updated = {**data, "zxepoch": epoch}  # written by an older version: adopt it
         why = ""
@@ -141,6 +144,24 @@ def rolled_back(
         lock_delay(ttl),
     )
     return True
+
+
+#: Seconds by which a marker must postdate a refused handshake to count as written after it
+#: (clock rates and the two readings' latencies).
+REWRITE_MARGIN = 0.2
+
+
+def _rewritten_since(data: dict[str, Any], clock: Any, refused_at: float) -> bool:
+    """Whether the marker was written (``epoch``, the ensemble's ms) after this process saw
+    its handshake refused at ``refused_at`` (the lease clock): the store had gone back
+    before that refusal, so such a marker and its lock-delay came after the rollback, and
+    cover it. Measured as two ages, the marker's on the ensemble's clock and the refusal's
+    on ours, so that only their rates need agree."""
+    written = data.get("epoch")
+    if not written or not refused_at:
+        return False
+    marker_age = (int(clock.mtime) - int(written)) / 1000
+    return marker_age + REWRITE_MARGIN < lease_clock() - refused_at
 
 
 def session_path(backend: ZooKeeperBackend, session_id: int) -> str:
