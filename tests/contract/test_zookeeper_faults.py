@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -384,6 +385,11 @@ def answers(backend: ZooKeeperBackend) -> bool:
     return True
 
 
+def grant_and_release(backend: ZooKeeperBackend, name: str, holder: str) -> None:
+    lease = wait_until(partial(acquired, backend, name, holder), timeout=WAIT, message="no grant")
+    assert backend.release(lease)
+
+
 def test_a_restore_noticed_by_two_clients_costs_one_lock_delay(
     server: ZooKeeperServer, tmp_path: Path, lease_name: str
 ) -> None:
@@ -399,31 +405,21 @@ def test_a_restore_noticed_by_two_clients_costs_one_lock_delay(
     second = ZooKeeperBackend(hosts=server.hosts, root=root, timeout=2.0)
     try:
         for backend, holder in ((first, "alice"), (second, "bob")):
-            lease = wait_until(
-                lambda b=backend, h=holder: acquired(b, f"{lease_name}-{h}", h),
-                timeout=WAIT,
-                message="no grant",
-            )
-            assert backend.release(lease)
+            grant_and_release(backend, f"{lease_name}-{holder}", holder)
         server.stop()
         snapshot = tmp_path / "snapshot"
         shutil.copytree(server.data_dir, snapshot)
         server.start()
         for index in range(5):  # transactions both clients see, gone after the restore
             for backend in (first, second):
-                lease = wait_until(
-                    lambda b=backend, i=index: acquired(b, f"{lease_name}-{i}", "x"),
-                    timeout=WAIT,
-                    message="no grant",
-                )
-                assert backend.release(lease)
+                grant_and_release(backend, f"{lease_name}-{index}", "x")
         server.stop()
         shutil.rmtree(server.data_dir)
         shutil.copytree(snapshot, server.data_dir)
         server.start()
         # Both reconnect (as new clients, their handshakes refused) before either tries.
         for backend in (first, second):
-            wait_until(lambda b=backend: answers(b), timeout=WAIT, message="no session")
+            wait_until(partial(answers, backend), timeout=WAIT, message="no session")
         waiting = clock()
         wait_until(
             lambda: acquired(first, lease_name, "alice"),
