@@ -1,4 +1,9 @@
-"""``manage.py leader``: status, history, release, prune (in-process, every store)."""
+"""``manage.py leader``: status, history, release, prune (in-process, every store).
+
+:func:`run` runs the command line (``Command.run_from_argv``, what ``manage.py leader``
+ends in) in this process, with the settings of the store under test; two tests run the
+real ``manage.py leader`` in a process of its own, on the configured store, for the exit
+status as a shell sees it."""
 
 from __future__ import annotations
 
@@ -7,12 +12,15 @@ import json
 import re
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from datetime import timedelta
 from typing import Any
 from unittest import mock
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
+from django.test import override_settings
 from django.utils import timezone
 
 from django_leader import backends
@@ -22,7 +30,7 @@ from django_leader.election import Candidate
 from django_leader.lease import LossReason
 from django_leader.models import LeaseEvent
 from django_leader.testing import MemoryBackend, leader_backend
-from tests.support.stores import ROOT, child_env, history, stores_db
+from tests.support.stores import ROOT, child_env, history, store_settings, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = stores_db
@@ -30,6 +38,37 @@ __all__ = ["leader_backend"]  # the fixture, imported for use below
 
 
 def run(backend: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py leader ARGS`` in this process, on ``backend``'s store: the command line
+    parsed and run as ``manage.py`` does (usage errors exit 2, a CommandError its
+    returncode, the command its exit status), with ``DJANGO_LEADER`` naming the store, so
+    that the command resolves its backend from the settings anew. What it wrote and its
+    exit status, as a process's. The system checks are skipped (as by call_command()):
+    this test's app registry is cut to the apps it flushes; the process tests run them."""
+    from django_leader.management.commands.leader import Command
+
+    argv = ["manage.py", "leader", "--skip-checks", *args]
+    out, err = io.StringIO(), io.StringIO()
+    with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, **store_settings(backend)}):
+        store = get_backend()  # built anew from these settings: the one the command uses
+        try:
+            with redirect_stdout(out), redirect_stderr(err):
+                Command().run_from_argv(argv)  # its OutputWrappers write to out and err
+            status = 0
+        except SystemExit as stopped:
+            code = stopped.code
+            status = code if isinstance(code, int) else 0 if code is None else 1
+        finally:
+            # What the process's exit would do: its history written, its connections gone.
+            store.flush_history(10)
+            store.close()
+            shutdown = getattr(store, "shutdown", None)  # a ZooKeeper session
+            if shutdown is not None:
+                shutdown()
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
+
+
+def process(backend: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python manage.py leader ARGS`` in a process of its own, on ``backend``'s store."""
     return subprocess.run(
         [sys.executable, "manage.py", "leader", *args],
         cwd=ROOT,
@@ -76,7 +115,7 @@ def test_status_lists_candidates_waiting(backend: Any, lease_name: str) -> None:
     assert [
         (c["place"], c["identity"], c["priority"], c["host"], c["pid"]) for c in data["queue"]
     ] == [(1, "bob", 0, "bob-host", 100), (2, "carol", 0, "carol-host", 100)]
-    # Announced just now, by the store's clock (the subprocess took a second to start).
+    # Announced just now, by the store's clock.
     assert all(0 <= c["seen_ago"] < 30 for c in data["queue"]), data["queue"]
     assert data["queue"][0]["seen_at"] and data["queue"][0]["joined_at"]
     result = run(backend, "status", lease_name)
@@ -168,6 +207,17 @@ def test_usage_errors_exit_2(backend: Any) -> None:
     assert run(backend, "status", "").returncode == 2
     assert run(backend, "history", "x", "--limit", "0").returncode == 2
     assert run(backend, "bogus").returncode == 2
+
+
+def test_manage_py_leader_exits_with_the_status_a_shell_sees(store: Any, lease_name: str) -> None:
+    """The real entry point, in a process of its own (``run`` stops short of the
+    interpreter's exit): 3 for a name nobody holds, 2 for a usage error; 1 and 0 are seen
+    from a process in test_handover_exit_codes_on_the_command_line."""
+    nobody = process(store, "status", lease_name)
+    assert nobody.returncode == 3, nobody.stderr
+    assert nobody.stdout.startswith(f"{lease_name}: unknown — no lease of that name")
+    usage = process(store, "bogus")
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr, usage.stderr
 
 
 def test_prune_keeps_recent_and_the_newest_of_each_name(db_alias: str, lease_name: str) -> None:
@@ -387,10 +437,10 @@ def test_handover_exit_codes_on_the_command_line(store: Any, lease_name: str) ->
 
     lease, _ = store.acquire(lease_name, "alice", 30)
     store.announce(lease_name, Candidate("bob"), 30)
-    refused = run(store, "handover", lease_name, "--to", "carol")
+    refused = process(store, "handover", lease_name, "--to", "carol")
     assert refused.returncode == 1 and refused.stdout == ""
     assert "carol is not a live candidate" in refused.stderr and "bob" in refused.stderr
-    done = run(store, "handover", lease_name, "--reason", "deploy")
+    done = process(store, "handover", lease_name, "--reason", "deploy")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{lease_name}: alice (token {lease.token}) hands over to bob")
     kind, holder, _, token, actor = history(store, lease_name)[-1]
