@@ -437,11 +437,13 @@ class RedisBackend(WrittenAfterwards, Backend):
 
         pattern = str(self.cache.make_key("django_leader:{*}:meta"))
         try:
-            found = {
-                _text(name)
-                for key in self.client.scan_iter(match=pattern, count=500)
-                if (name := self.client.hget(key, "name")) is not None
-            }
+            keys = list(self.client.scan_iter(match=pattern, count=500))
+            found: set[str] = set()
+            for start in range(0, len(keys), 1000):  # pipelined: not a round trip per name
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys[start : start + 1000]:
+                    pipe.hget(key, "name")
+                found.update(_text(name) for name in pipe.execute() if name is not None)
         except redis.RedisError as exc:
             raise BackendUnavailable(f"redis cache {self.alias!r}: {exc}") from exc
         return sorted(found)
