@@ -446,10 +446,13 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
 
     def _read_only_now(self, floor: int) -> int:
         """The ensemble's clock as well as a process can tell without writing: the clock
-        estimate whatever its age (else this machine's clock), never before ``floor`` (an
-        ``mtime`` just read). For :meth:`read` alone: no lease decision rests on it."""
+        estimate whatever its age (else the clock znode's last ``mtime``, a time the
+        ensemble has passed: never this machine's clock, which may be ahead and report a
+        held lease free), never before ``floor`` (an ``mtime`` just read). For :meth:`read`
+        alone: no lease decision rests on it."""
         if self._clock is None:
-            return max(floor, int(time.time() * 1000))
+            stat = self._wait(self.client.exists_async(f"{self.root}/clock"))
+            return max(floor, int(stat.mtime) if stat is not None else 0)
         at, seen = self._clock
         return max(floor, at + int((time.monotonic() - seen) * 1000))
 

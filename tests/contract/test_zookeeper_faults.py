@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -568,3 +569,27 @@ def test_ensemble_restored_from_an_older_copy_never_repeats_a_token(
         print(f"ensemble restore: tokens before {tokens}, after {lease.token}, {waited:.2f}s")
         assert lease.token > max(tokens)
         assert waited >= lock_delay(TTL) - 0.1, "acquired before the lock-delay had passed"
+
+
+def test_a_read_from_a_clock_an_hour_ahead_still_sees_the_holder(lease_name: str) -> None:
+    """A process that has written nothing yet (no estimate of the ensemble's clock) reads a
+    held lease: whatever its own clock says, the lease is held. (It once judged expiry by
+    its wall clock: an hour ahead, every held lease read as free.)"""
+    import time_machine
+
+    from tests.support.stores import zookeeper_backend
+
+    holder = zookeeper_backend()
+    reader = ZooKeeperBackend(hosts=holder.conf.hosts, root=holder.root)  # has written nothing
+    try:
+        lease, _ = holder.acquire(lease_name, "alice", 30)
+        assert lease is not None
+        later = datetime.now(timezone.utc) + timedelta(hours=1)
+        with time_machine.travel(later, tick=True):
+            seen = reader.read(lease_name)
+        assert seen is not None and seen.holder == "alice"
+        assert holder.release(lease)
+        assert reader.read(lease_name) is None
+    finally:
+        holder.shutdown()
+        reader.shutdown()
