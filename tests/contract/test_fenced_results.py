@@ -130,6 +130,26 @@ def test_returning_after_a_slow_statement_names_the_inserted_row() -> None:
     assert FencedWrite.objects.using(alias).get(pk=row[0]).writer == "returning"
 
 
+def hold_row_slowly(
+    alias: str, table: str, name: str, locked: threading.Event, *change: str
+) -> None:
+    """Another client locks the row of ``name`` in ``table``, runs the ``change``
+    statements (params: ``name``), sets ``locked`` and commits only after SLOW seconds."""
+    other = connections.create_connection(alias)
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(f"SELECT token FROM {table} WHERE name = %s FOR UPDATE", [name])
+            for statement in change:
+                cursor.execute(statement, [name])
+            locked.set()
+            cursor.execute(slow(alias, "1"))
+            cursor.fetchall()
+        other.commit()
+    finally:
+        other.close()
+
+
 def test_a_lease_row_locked_after_a_long_wait_is_checked(alias: str) -> None:
     """The lease changed hands while ``fenced()`` waited (over a second) for its row lock:
     the row, read once the lock is granted, no longer matches, and the write is refused."""
@@ -137,29 +157,15 @@ def test_a_lease_row_locked_after_a_long_wait_is_checked(alias: str) -> None:
     name = f"slow-{uuid.uuid4().hex[:8]}"
     table = connections[alias].ops.quote_name(LeaseRow._meta.db_table)
     locked = threading.Event()
-
-    def take_over_slowly() -> None:
-        # Another client locks the row, hands the lease to someone else, and commits only
-        # after SLOW seconds: fenced() waits for the lock that long.
-        other = connections.create_connection(alias)
-        try:
-            other.set_autocommit(False)
-            with other.cursor() as cursor:
-                cursor.execute(f"SELECT token FROM {table} WHERE name = %s FOR UPDATE", [name])
-                cursor.execute(
-                    f"UPDATE {table} SET holder = %s, token = token + 1 WHERE name = %s",
-                    ["someone-else", name],
-                )
-                locked.set()
-                cursor.execute(slow(alias, "1"))
-                cursor.fetchall()
-            other.commit()
-        finally:
-            other.close()
+    # Another client hands the lease to someone else, and commits only after SLOW seconds:
+    # fenced() waits for the row lock that long.
+    take_over = f"UPDATE {table} SET holder = 'someone-else', token = token + 1 WHERE name = %s"
 
     try:
         with lock(name, ttl=TTL, backend=store) as lease:
-            thread = threading.Thread(target=take_over_slowly)
+            thread = threading.Thread(
+                target=hold_row_slowly, args=(alias, table, name, locked, take_over)
+            )
             thread.start()
             assert locked.wait(10)
             with (
@@ -193,23 +199,10 @@ def test_a_fence_row_locked_after_a_long_wait_is_read(fence_store: Backend, alia
     table = connections[alias].ops.quote_name(LeaseFence._meta.db_table)
     locked = threading.Event()
 
-    def hold_the_fence_row() -> None:
-        other = connections.create_connection(alias)
-        try:
-            other.set_autocommit(False)
-            with other.cursor() as cursor:
-                cursor.execute(f"SELECT token FROM {table} WHERE name = %s FOR UPDATE", [name])
-                locked.set()
-                cursor.execute(slow(alias, "1"))
-                cursor.fetchall()
-            other.commit()
-        finally:
-            other.close()
-
     with lock(name, ttl=TTL, backend=fence_store) as lease:
         with lease.fenced(using=alias):  # the name's first write makes its fence row
             FencedWrite.objects.using(alias).create(writer="first", token=lease.token)
-        thread = threading.Thread(target=hold_the_fence_row)
+        thread = threading.Thread(target=hold_row_slowly, args=(alias, table, name, locked))
         thread.start()
         assert locked.wait(10)
         with lease.fenced(using=alias):
