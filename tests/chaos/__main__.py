@@ -48,9 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         "(default: where namespaces can be made, for every store but SQLite)",
     )
     parser.add_argument(
+        "--clocks",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="candidates under libfaketime, wall-clock steps among the faults "
+        "(default: where libfaketime is installed, for every store but SQLite)",
+    )
+    parser.add_argument(
         "--faults",
         default="",
-        help="only these fault kinds, comma-separated ('partition': every network fault)",
+        help="only these fault kinds, comma-separated ('partition': every network fault, "
+        "'clock': every clock fault)",
     )
     args = parser.parse_args(argv)
     if args.recheck is None and args.store is None:
@@ -59,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         store=args.store or "", duration=args.duration, seed=args.seed, ttl=args.ttl,
         renew_interval=args.renew_interval, retry_interval=args.retry_interval,
         lock_delay=args.lock_delay, electors=args.electors, runleaders=args.runleaders,
-        workdir=args.workdir, keep=args.keep, network=args.network,
+        workdir=args.workdir, keep=args.keep, network=args.network, clocks=args.clocks,
         kinds=tuple(k for k in args.faults.split(",") if k),
     )  # fmt: skip
 

@@ -18,6 +18,15 @@ lost by the next check.
 
 SIGUSR1 arms a freeze: the next fenced write within a second SIGSTOPs this process inside
 ``lease.fenced()``, after its insert, holding the lease row locked (``freezing``).
+With ``CHAOS_WATCHDOG`` (seconds) the Elector has ``watchdog=`` set, and the work calls
+``lease.heartbeat()`` after each act. SIGUSR2 arms a stall (for a second, like a freeze):
+at its next act the work logs ``stalling`` and stops, without heart-beating nor checking,
+for ``CHAOS_STALL`` seconds (longer than the watchdog), then acts once, unchecked, with
+its token (``act`` with ``stalled``): the elector steps down when the watchdog fires but
+keeps the lease renewed until the work returns, so that act must come before any greater
+token acts (the checker's ``overlap`` check); then the work finds the lease lost and
+returns.
+
 SIGTERM stops the elector (which releases the lease) and exits 0.
 
 ``python -m tests.chaos.candidate --migrate`` creates the tables of the store instead.
@@ -91,6 +100,9 @@ def main() -> None:
     log = Log(os.environ["CHAOS_LOG"], who)
     fenced = os.environ.get("CHAOS_FENCED") == "1"
     freeze_until = [0.0]
+    watchdog = float(os.environ.get("CHAOS_WATCHDOG") or 0) or None
+    stall_for = float(os.environ.get("CHAOS_STALL") or 0)
+    stall = [0.0]  # armed until then
     stop = threading.Event()
 
     def insert(lease: Lease) -> tuple[float, int]:
@@ -119,10 +131,14 @@ def main() -> None:
     def arm_freeze(signum: int, frame: Any) -> None:
         freeze_until[0] = clock() + FREEZE_ARMED
 
+    def arm_stall(signum: int, frame: Any) -> None:
+        stall[0] = clock() + FREEZE_ARMED
+
     signal.signal(signal.SIGUSR1, arm_freeze)
+    signal.signal(signal.SIGUSR2, arm_stall)
 
     if os.environ.get("CHAOS_ASYNC") == "1":
-        run_async(who, log, fenced, insert)
+        run_async(who, log, fenced, insert, watchdog, stall_for, stall)
         return
 
     def work(lease: Lease) -> None:
@@ -135,6 +151,13 @@ def main() -> None:
             except LeadershipLost:
                 break
             log("act", t=before, t1=clock(), token=lease.token)
+            if clock() < stall[0]:
+                stall[0] = 0.0
+                log("stalling", token=lease.token, seconds=stall_for)
+                time.sleep(stall_for)  # no heartbeat: the watchdog fires meanwhile
+                now = clock()
+                log("act", t=now, t1=now, token=lease.token, stalled=True)  # unchecked
+            lease.heartbeat()
             if fenced and clock() >= next_write:
                 try:
                     fenced_write(lease)
@@ -151,6 +174,7 @@ def main() -> None:
         renew_interval=float(os.environ["CHAOS_RENEW"]),
         retry_interval=float(os.environ["CHAOS_RETRY"]),
         identity=who,
+        watchdog=watchdog,
         on_elected=lambda lease: log("elected", token=lease.token),
         on_lost=lambda lease: log(
             "stepped_down", token=lease.token, reason=getattr(lease, "lost_reason", "")
@@ -168,7 +192,13 @@ def main() -> None:
 
 
 def run_async(
-    who: str, log: Log, fenced: bool, insert: Callable[[Lease], tuple[float, int]]
+    who: str,
+    log: Log,
+    fenced: bool,
+    insert: Callable[[Lease], tuple[float, int]],
+    watchdog: float | None,
+    stall_for: float,
+    stall: list[float],
 ) -> None:
     """The candidate as an asyncio program (``CHAOS_ASYNC=1``): an AsyncElector."""
     import asyncio
@@ -198,6 +228,13 @@ def run_async(
                 except LeadershipLost:
                     break
                 log("act", t=before, t1=clock(), token=lease.token)
+                if clock() < stall[0]:
+                    stall[0] = 0.0
+                    log("stalling", token=lease.token, seconds=stall_for)
+                    await asyncio.sleep(stall_for)  # the loop runs on, the work beats not
+                    now = clock()
+                    log("act", t=now, t1=now, token=lease.token, stalled=True)  # unchecked
+                lease.heartbeat()
                 if fenced and clock() >= next_write:
                     try:
                         await write(lease)
@@ -223,6 +260,7 @@ def run_async(
             renew_interval=float(os.environ["CHAOS_RENEW"]),
             retry_interval=float(os.environ["CHAOS_RETRY"]),
             identity=who,
+            watchdog=watchdog,
             on_elected=lambda lease: log("elected", token=lease.token),
             on_lost=lambda lease: log(
                 "stepped_down", token=lease.token, reason=getattr(lease, "lost_reason", "")

@@ -15,6 +15,20 @@ campaigning for one lease, and then, for ``duration`` seconds, lets a nemesis dr
 ``fenced-freeze``
     (database stores) the leading Elector candidate SIGSTOPs itself inside
     ``lease.fenced()``, holding the lease row locked, for 2.5-3.5 TTLs.
+``clock-ahead``, ``clock-behind``, ``clock-slew``
+    the WALL clock of one candidate (the leader's or a follower's, at random) stepped an
+    hour ahead or behind, or set running at twice or half speed (libfaketime starts a rate
+    with a step by the process's age times rate - 1), for 1-3 TTLs; then stepped back to
+    the real time (``clock-back``, a fault record of its own: a step too). Every candidate
+    runs under libfaketime (:data:`LIBFAKETIME`) with an offset file of its slot, which
+    the nemesis rewrites; ``CLOCK_MONOTONIC`` and ``CLOCK_BOOTTIME`` stay real, as with an
+    NTP step, and every record is stamped with ``CLOCK_BOOTTIME``. Not on SQLite, whose
+    clock is the process's own (a step there is a store clock step, docs/safety.md).
+``stall``
+    the leading Elector candidate's work stops (SIGUSR2) for :data:`STALL` TTLs without
+    ``lease.heartbeat()``, past its ``watchdog=`` (:data:`WATCHDOG` TTLs), then acts once
+    unchecked with its token: the elector stepped down when the watchdog fired but kept the
+    lease renewed until the work returned, so that act comes before the next term's.
 the store's own faults
     see :attr:`tests.chaos.stores.Store.faults`: Redis FLUSHDB, restarts with and without
     persistence and from an older snapshot, ``CLIENT KILL``; PostgreSQL and MariaDB
@@ -62,6 +76,17 @@ FIRST_LEADER = 90.0
 SETTLE = 3.0
 #: How often the harness reads the logs and looks for exited candidates.
 TICK = 0.05
+#: libfaketime, multithreaded (Debian/Ubuntu: ``apt-get install faketime``): the
+#: candidates' wall clocks, for the clock faults.
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+#: A ``sitecustomize`` that mends ``time.sleep()`` under libfaketime (see its docstring).
+MEND_SLEEP = ROOT / "tests" / "chaos" / "faketime"
+#: Seconds a ``clock-ahead`` or ``clock-behind`` fault steps the wall clock.
+CLOCK_STEP = 3600
+#: The Elector candidates' ``watchdog=``, in TTLs (longer than a fenced write may block).
+WATCHDOG = 1.5
+#: How long a ``stall`` fault stops the work, in TTLs (past the watchdog).
+STALL = 2.5
 
 T = TypeVar("T")
 
@@ -90,6 +115,12 @@ class Config:
     #: Only these fault kinds (names, or ``partition`` for every network fault); empty:
     #: every kind that applies.
     kinds: tuple[str, ...] = ()
+    #: Candidates under libfaketime, with wall-clock steps among the faults: True, False,
+    #: or None for "where libfaketime is installed" (not SQLite).
+    clocks: bool | None = None
+    #: The Elector candidates with ``watchdog=`` (:data:`WATCHDOG`), with ``stall`` among
+    #: the faults.
+    stalls: bool = True
 
     @property
     def params(self) -> checker.Params:
@@ -160,6 +191,7 @@ class Harness:
         self.generation: dict[str, int] = {}
         self.last_act: dict[str, Any] | None = None
         self.freezing: list[dict[str, Any]] = []
+        self.stalling: list[dict[str, Any]] = []
         self.live: dict[tuple[str, int], dict[str, Any]] = {}  # (who, pid) -> last act
         self.highest_token = 0  # the greatest token that acted
         self.stale_since: dict[int, float] = {}  # pid of a payload -> first stale act seen
@@ -190,6 +222,8 @@ class Harness:
             "CHAOS_RENEW": str(c.renew_interval),
             "CHAOS_RETRY": str(c.retry_interval),
             "CHAOS_FENCED": "1" if self.store.fenced else "0",
+            "CHAOS_WATCHDOG": str(WATCHDOG * c.ttl) if c.stalls else "",
+            "CHAOS_STALL": str(STALL * c.ttl),
             **self.store.env(),
         }
 
@@ -224,6 +258,17 @@ class Harness:
                    "--ttl", str(c.ttl), "--renew-interval", str(c.renew_interval),
                    "--retry-interval", str(c.retry_interval),
                    "--", sys.executable, "-m", "tests.chaos.payload"]  # fmt: skip
+        if self.config.clocks:
+            # Its slot's wall clock (libfaketime reads the file on every call): an offset
+            # the nemesis rewrites; the monotonic clocks stay real, as with an NTP step.
+            path = self.clock_file(slot)
+            if not path.exists():
+                path.write_text("+0\n")
+            preload = [str(LIBFAKETIME), *filter(None, [env.get("LD_PRELOAD")])]
+            env.update(LD_PRELOAD=" ".join(preload), FAKETIME_TIMESTAMP_FILE=str(path),
+                       FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1",
+                       # Its sitecustomize mends time.sleep() under libfaketime.
+                       PYTHONPATH=f"{MEND_SLEEP}:{env['PYTHONPATH']}")  # fmt: skip
         with open(self.logdir / f"{identity}.out", "ab") as out:
             proc = subprocess.Popen(self.command(slot, cmd), cwd=ROOT, env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -278,6 +323,8 @@ class Harness:
             self.records.append(record)
             if record["ev"] == "freezing":
                 self.freezing.append(record)
+            if record["ev"] == "stalling":
+                self.stalling.append(record)
             if record["ev"] == "act":
                 self.live[(record["who"], record["pid"])] = record
                 self.highest_token = max(self.highest_token, int(record["token"]))
@@ -334,13 +381,16 @@ class Harness:
     def kinds(self) -> list[FaultKind]:
         """The fault kinds of this run: :data:`FAULTS`, the store's own, and the network's
         when the run has one (restricted to ``config.kinds`` if given)."""
-        kinds = [kind for kind in FAULTS if not kind.network or self.network is not None]
+        kinds = [kind for kind in FAULTS if (not kind.network or self.network is not None)
+                 and (not kind.clock or bool(self.config.clocks))
+                 and (kind.name != "stall" or self.config.stalls)]  # fmt: skip
         kinds += [FaultKind(name, partial(Harness.store_fault, kind=name),
                             partial(_store_fault_applies, kind=name))
                   for name in self.store.faults]  # fmt: skip
         wanted = set(self.config.kinds)
         if wanted:
-            kinds = [k for k in kinds if k.name in wanted or ("partition" in wanted and k.network)]
+            kinds = [k for k in kinds if k.name in wanted or ("partition" in wanted and k.network)
+                     or ("clock" in wanted and k.clock)]  # fmt: skip
         return kinds
 
     def fault(self, kind: str, start: float, ready: float, lossy: bool = False,
@@ -504,6 +554,65 @@ class Harness:
                           seconds=round(seconds, 3), slack=slack, switch=counts,
                           **fields)  # fmt: skip
 
+    def stall(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+        """The leading Elector candidate's work stalls past its watchdog (SIGUSR2)."""
+        assert leader is not None
+        who = leader["who"]
+        armed = clock()
+        os.kill(self.procs[who].pid, signal.SIGUSR2)
+        stalled = self.until(
+            lambda: next((r for r in self.stalling if r["who"] == who and r["t"] >= armed),
+                         None),
+            timeout=1.5,
+        )  # fmt: skip
+        if stalled is None:
+            self.event("skipped", kind=kind, who=who)
+            return None
+        start = float(stalled["t"])
+        # The lease is held until the work returns: from then on a leader is due.
+        return self.fault(kind, start, start + float(stalled["seconds"]), target=who,
+                          token=stalled["token"], seconds=stalled["seconds"])  # fmt: skip
+
+    # -- clocks -----------------------------------------------------------------------
+
+    def clock_file(self, slot: str) -> Path:
+        """The libfaketime offset file of ``slot``'s candidates."""
+        return self.workdir / f"faketime-{slot}"
+
+    def set_clock(self, slot: str, spec: str) -> float:
+        """Set ``slot``'s wall clock to libfaketime's ``spec`` (``+3600``, ``-3600``,
+        ``+0 x2``...); the instant, on the boot clock."""
+        path = self.clock_file(slot)
+        staged = path.with_name(path.name + ".new")
+        staged.write_text(spec + "\n")
+        staged.replace(path)  # whole: the candidate reads it on every clock call
+        return clock()
+
+    def clock_fault(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+        """Step (or slew) the wall clock of the leader or of a follower, for 1-3 TTLs,
+        then step it back (a ``clock-back`` fault: another step)."""
+        followers = self.followers(leader)
+        if _leads(self, leader) and (not followers or self.rng.random() < 0.5):
+            assert leader is not None
+            role, victim = "leader", _slot(leader["who"])
+        elif followers:
+            role, victim = "follower", self.rng.choice(followers)
+        else:
+            return None
+        if kind == "clock-ahead":
+            spec = f"+{CLOCK_STEP}"
+        elif kind == "clock-behind":
+            spec = f"-{CLOCK_STEP}"
+        else:
+            spec = f"+0 x{self.rng.choice(['2', '0.5'])}"
+        start = self.set_clock(victim, spec)
+        self.fault(kind, start, start, victim=victim, role=role, spec=spec,
+                   identity=self.slots[victim])  # fmt: skip
+        self.wait(self.rng.uniform(1.0, 3.0) * self.config.ttl)
+        back = self.set_clock(victim, "+0")
+        return self.fault("clock-back", back, back, victim=victim, role=role, spec="+0",
+                          identity=self.slots[victim], after=kind)  # fmt: skip
+
 
 def _slot(identity: str) -> str:
     return identity.rsplit("-", 1)[0]
@@ -524,6 +633,9 @@ class FaultKind:
     weight: float = 1.0
     #: A network fault: only in a run with a network (``config.network``).
     network: bool = False
+    #: A clock fault: only in a run whose candidates run under libfaketime
+    #: (``config.clocks``).
+    clock: bool = False
 
 
 def _leads(harness: Harness, leader: dict[str, Any] | None) -> bool:
@@ -564,6 +676,13 @@ FAULTS: list[FaultKind] = [
                 else (lambda h, leader: True) if name == "part-store" else _leads,
                 network=True)
       for name in PARTITIONS),
+    FaultKind("stall", partial(Harness.stall, kind="stall"),
+              lambda h, leader: _leads(h, leader) and leader is not None
+              and leader.get("role") != "payload"),
+    *(FaultKind(name, partial(Harness.clock_fault, kind=name),
+                lambda h, leader: _leads(h, leader) or bool(h.followers(leader)),
+                weight=0.5 if name == "clock-slew" else 1.0, clock=True)
+      for name in ("clock-ahead", "clock-behind", "clock-slew")),
 ]  # fmt: skip
 
 
@@ -581,6 +700,13 @@ def run(config: Config, log: Callable[[str], None] = lambda line: None) -> Outco
         reason = netns.unavailable()
         if reason is not None:
             raise RuntimeError(f"no network namespaces: {reason}")
+    if config.clocks is None:
+        config.clocks = config.store != "sqlite" and LIBFAKETIME.exists()
+    elif config.clocks:
+        if config.store == "sqlite":
+            raise RuntimeError("sqlite reads the process's clock: a step is a store clock step")
+        if not LIBFAKETIME.exists():
+            raise RuntimeError(f"libfaketime is not installed ({LIBFAKETIME})")
     workdir = config.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{config.store}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     store = store_class(workdir, config.ttl)

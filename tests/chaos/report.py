@@ -18,6 +18,12 @@ def network_kinds() -> set[str]:
     return {kind.name for kind in FAULTS if kind.network}
 
 
+def clock_kinds() -> set[str]:
+    """The names of the clock faults: each a wall-clock step (or slew), and ``clock-back``,
+    the step back to the real time that ends each."""
+    return {kind.name for kind in FAULTS if kind.clock} | {"clock-back"}
+
+
 #: Violations quoted in full in the Markdown report (all are counted).
 QUOTED = 15
 
@@ -61,6 +67,8 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "faults": len(result.recoveries),
         "network": bool(config.network),
         "partitions": sum(1 for r in result.recoveries if r.kind in network_kinds()),
+        "clocks": bool(config.clocks),
+        "clock_steps": sum(1 for r in result.recoveries if r.kind in clock_kinds()),
         "acts": result.acts,
         "terms": result.terms,
         "fenced_writes": result.rows,
@@ -103,7 +111,8 @@ def markdown(summary: dict[str, Any], png: str | None) -> str:
         f"`python -m tests.chaos --store {summary['store']} --duration "
         f"{summary['duration']:.0f} --seed {summary['seed']}"
         f"{' --network' if summary.get('network') else ''}` — {summary['faults']} faults "
-        f"({summary.get('partitions', 0)} of them network faults) in "
+        f"({summary.get('partitions', 0)} of them network faults, "
+        f"{summary.get('clock_steps', 0)} wall-clock steps of a candidate) in "
         f"{summary['elapsed']:.0f} s; {summary['candidates']['electors']} Elector and "
         f"{summary['candidates']['runleaders']} runleader candidates; TTL {t['ttl']} s, renew "
         f"{t['renew_interval']} s, retry {t['retry_interval']} s, lock-delay {t['lock_delay']} s "

@@ -264,3 +264,40 @@ def test_summary() -> None:
     assert checker.summary([]) == {"min": None, "median": None, "p99": None}
     values = [float(i) for i in range(1, 101)]
     assert checker.summary(values) == {"min": 1.0, "median": 50.5, "p99": 99.0}
+
+
+def test_a_stalled_work_acting_after_the_next_term_is_flagged() -> None:
+    """The ``stall`` fault (issue 24): A's work stalls past its watchdog at 10 s and acts
+    once, unchecked, when it returns at 15 s. Had A's lease been released when the watchdog
+    fired (B elected at 13.6 s), that act comes after B's: an overlap, charged to the stall.
+    Held until the work returns (B elected after 15 s), the history is clean."""
+    stall = {**fault("stall", 10.0, ready=15.0), "target": "A", "token": 1}
+    late = {"ev": "act", "t": 15.0, "t1": 15.0, "who": "A", "token": 1, "stalled": True}
+    released_early = [*term("A", 1, 0.0, 10.0), stall, late, *term("B", 2, 13.6, 20.0)]
+    assert checks(released_early) == {"overlap": 1}
+    result = checker.check(released_early, PARAMS)
+    assert {v.fault for v in result.violations} == {"stall"}
+    held = [*term("A", 1, 0.0, 10.0), stall, late, *term("B", 2, 15.6, 20.0)]
+    assert checks(held) == {}
+
+
+def test_clock_faults_are_selected_by_name_or_as_clock() -> None:
+    """``--faults clock`` selects every wall-clock fault; runs without libfaketime
+    (``clocks=False``) have none, and ``stalls=False`` drops the stall fault."""
+    from pathlib import Path
+
+    from tests.chaos import harness
+
+    def kinds(**config: Any) -> set[str]:
+        h = harness.Harness.__new__(harness.Harness)
+        h.config = harness.Config(store="redis", **config)
+        h.network = None
+        h.store = type("S", (), {"faults": ["flush"]})()
+        return {k.name for k in h.kinds()}
+
+    clocks = {"clock-ahead", "clock-behind", "clock-slew"}
+    assert kinds(clocks=True, kinds=("clock",)) == clocks
+    assert kinds(clocks=True, kinds=("clock-ahead", "stall")) == {"clock-ahead", "stall"}
+    assert not kinds(clocks=False) & clocks
+    assert "stall" in kinds(clocks=False) and "stall" not in kinds(stalls=False)
+    assert Path(harness.LIBFAKETIME).name == "libfaketimeMT.so.1"
