@@ -25,7 +25,8 @@ for ``CHAOS_STALL`` seconds (longer than the watchdog), then acts once, unchecke
 its token (``act`` with ``stalled``): the elector steps down when the watchdog fires but
 keeps the lease renewed until the work returns, so that act must come before any greater
 token acts (the checker's ``overlap`` check); then the work finds the lease lost and
-returns.
+returns. (The asyncio candidate's stall is an ``await``, which the AsyncElector cancels
+when the watchdog steps it down: it never acts again.)
 
 SIGTERM stops the elector (which releases the lease) and exits 0.
 
