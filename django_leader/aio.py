@@ -125,23 +125,46 @@ def run_term(
                 return None
 
 
-def call_back(outcome: Awaitable[Any], loop: asyncio.AbstractEventLoop | None, label: str) -> None:
+async def bounded(outcome: Awaitable[Any], timeout: float | None, label: str) -> None:
+    """Await what a coroutine callback returned, as a task, for at most ``timeout`` seconds
+    (None: until it ends); then cancel it, log a warning and return — without waiting for
+    the cancellation: a callback that ignores it runs on, and nothing waits for it. What it
+    raises, even after the bound, is logged."""
+    task = asyncio.ensure_future(outcome)
+    task.add_done_callback(lambda done: _log_failure(done, label))
+    try:
+        finished, _ = await asyncio.wait({task}, timeout=timeout)
+    except BaseException:  # the caller was cancelled: so is the callback
+        task.cancel()
+        raise
+    if not finished:
+        task.cancel()
+        logger.warning("%s did not return within %gs: cancelled", label, timeout)
+
+
+def _log_failure(task: asyncio.Future[Any], label: str) -> None:
+    if not task.cancelled() and isinstance(task.exception(), Exception):
+        logger.error("%s raised", label, exc_info=task.exception())
+
+
+def call_back(
+    outcome: Awaitable[Any],
+    loop: asyncio.AbstractEventLoop | None,
+    label: str,
+    timeout: float | None = None,
+) -> None:
     """Run what a coroutine callback returned: as a task on ``loop`` (not waited for), or,
-    without a loop, to its end on an event loop of this thread's own. Errors are logged."""
-
-    async def guarded() -> None:
-        try:
-            await outcome
-        except Exception:
-            logger.exception("callback of %s raised", label)
-
+    without a loop, on an event loop of this thread's own until it ends or ``timeout``
+    passes (:func:`bounded`). Errors are logged."""
+    guarded = bounded(outcome, timeout, f"callback of {label}")
     if loop is None:
-        asyncio.run(guarded())
+        asyncio.run(guarded)
         return
     try:
-        asyncio.run_coroutine_threadsafe(guarded(), loop)
+        asyncio.run_coroutine_threadsafe(guarded, loop)
     except RuntimeError:  # the loop is closed
         logger.warning("callback of %s not run: its event loop is closed", label)
+        guarded.close()
         if asyncio.iscoroutine(outcome):
             outcome.close()
 

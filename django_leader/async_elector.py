@@ -57,7 +57,14 @@ class AsyncElector:
     methods of a subclass — may be coroutine functions, awaited on the loop one after the
     other in the order the campaign reported them, or plain functions, which run at once in
     the campaign thread as the Elector's do (so a plain ``on_lost`` runs on time even while
-    the loop is blocked). The work starts once ``on_elected`` has finished.
+    the loop is blocked). The work starts once this term's ``on_elected`` has finished.
+
+    A coroutine callback is bounded by the lease TTL (:meth:`callback_timeout`): it waits
+    at most that long for the callbacks reported before it, then starts anyway, and once
+    it has run that long it is cancelled (a warning is logged) and nothing waits for it any
+    more — one that ignores the cancellation runs on, on its own. So a callback that hangs
+    holds up neither the work (which starts at most two TTLs after the election) nor later
+    callbacks and terms, and hung callbacks do not pile up.
 
     The lease is renewed, and given up at its local deadline, by the session thread
     whatever the loop does: while the loop is blocked, ``is_leader`` turns false and
@@ -104,6 +111,8 @@ class AsyncElector:
         self._ended: asyncio.Event | None = None  # set once the campaign thread is over
         self._thread: threading.Thread | None = None
         self._callbacks: asyncio.Future[None] | None = None  # the last callback reported
+        # The coroutine on_elected of the latest term, and its lease: what the work awaits.
+        self._elected: tuple[Lease, asyncio.Future[None]] | None = None
         self._failed: BaseException | None = None  # what ended the campaign thread
 
     def __repr__(self) -> str:
@@ -145,6 +154,12 @@ class AsyncElector:
     @property
     def timing(self) -> Timing:
         return self._elector.timing
+
+    @property
+    def callback_timeout(self) -> float:
+        """How long a coroutine callback may run, and wait for those before it: the lease
+        TTL. One still running then is cancelled and no longer waited for."""
+        return self.timing.ttl
 
     @property
     def backend(self) -> Backend:
@@ -199,9 +214,12 @@ class AsyncElector:
             coroutine_work = work
 
             async def after_on_elected(lease: Lease) -> Any:
-                # As with the Elector: the work starts once on_elected has returned.
-                if self._callbacks is not None:
-                    await asyncio.wait({self._callbacks})
+                # As with the Elector: the work starts once this term's on_elected has
+                # returned (or been given up: see _in_turn). Its _in_turn ran before: the
+                # campaign relayed on_elected before it started the work.
+                elected = self._elected
+                if elected is not None and elected[0] is lease:
+                    await asyncio.wait({elected[1]})
                 return await coroutine_work(lease)
 
             run_work = after_on_elected
@@ -288,23 +306,35 @@ class AsyncElector:
         try:
             if loop is None:
                 raise RuntimeError("no event loop")
-            loop.call_soon_threadsafe(self._in_turn, outcome, attr)
+            loop.call_soon_threadsafe(self._in_turn, outcome, attr, lease)
         except RuntimeError:  # the loop is closed: nobody listens any more
             logger.warning("%s of %r not run: its event loop is closed", attr, self.name)
             if asyncio.iscoroutine(outcome):
                 outcome.close()
 
-    def _in_turn(self, outcome: Awaitable[Any], attr: str) -> None:
+    def _in_turn(self, outcome: Awaitable[Any], attr: str, lease: Lease) -> None:
         """Await a coroutine callback on the loop once those reported before it have
-        finished: they never overtake one another."""
+        finished (they do not overtake one another), but bounded: it waits for them up to
+        ``callback_timeout`` from now, then runs for up to as long (:func:`aio.bounded`).
+        So each is over within two bounds of its report, whatever the others do, and only
+        those reported in the last two bounds are pending."""
+        loop = asyncio.get_running_loop()
+        timeout = self.callback_timeout
+        start_by = loop.time() + timeout
+        label = f"{attr} of {self!r}"
         previous = self._callbacks
 
         async def in_turn() -> None:
-            if previous is not None:
-                await asyncio.wait({previous})
-            try:
-                await outcome
-            except Exception:
-                logger.exception("%s of %r raised", attr, self.name)
+            nonlocal previous
+            if previous is not None and not previous.done():
+                await asyncio.wait({previous}, timeout=max(0.0, start_by - loop.time()))
+                if not previous.done():
+                    logger.warning(
+                        "%s waited %gs for the callbacks before it: it runs now", label, timeout
+                    )
+            previous = None  # no chain of finished callbacks is kept alive
+            await aio.bounded(outcome, timeout, label)
 
-        self._callbacks = asyncio.ensure_future(in_turn())
+        self._callbacks = current = asyncio.ensure_future(in_turn())
+        if attr == "on_elected":
+            self._elected = (lease, current)
