@@ -923,7 +923,9 @@ class Elector:
         try:
             outcome = callback(lease)
             if inspect.isawaitable(outcome):  # a coroutine function's
-                aio.call_back(outcome, self._loop, repr(self))
+                # Bounded by the TTL, as AsyncElector's: a hung coroutine callback must not
+                # stop the campaign thread (no loop) nor stay pending for ever (a loop).
+                aio.call_back(outcome, self._loop, repr(self), timeout=self.timing.ttl)
         except Exception:
             logger.exception("callback %r for %r raised", callback, self.name)
 

@@ -204,3 +204,28 @@ def test_hung_callbacks_do_not_pile_up_across_leader_changes(
         f"{left} tasks still pending {WAIT:g} s after {changes} leader changes "
         f"(peak {peak}, before the start {baseline})"
     )
+
+
+def test_a_plain_electors_hung_coroutine_on_elected_is_bounded(backend: Backend) -> None:
+    """A sync ``Elector`` run without an event loop runs a coroutine callback on a loop of
+    its campaign thread's own: a hung ``on_elected`` there once stopped the campaign for
+    good (leader, work never started). It is cancelled after the TTL, as AsyncElector's."""
+    import threading
+
+    from django_leader import Elector
+
+    started = threading.Event()
+
+    async def on_elected(lease: Lease) -> None:
+        await asyncio.sleep(3600)
+
+    def work(lease: Lease) -> None:
+        started.set()
+        lease.lost.wait()
+
+    elector = Elector("hung-sync", backend=backend, on_elected=on_elected, **FAST)
+    elector.start(work)
+    try:
+        assert started.wait(WAIT), "a hung coroutine on_elected kept the work from starting"
+    finally:
+        elector.stop(timeout=WAIT)
