@@ -197,7 +197,7 @@ class Session:
 
     def add(self, renewer: Renewer) -> Session:
         """Renew ``renewer``'s lease from now on, first at its ``next_renew``; the session
-        that does (see :meth:`_live`)."""
+        that does (see ``_live()``)."""
         with _registry_lock:
             live = self._live()
             with live._cond:

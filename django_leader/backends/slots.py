@@ -21,7 +21,7 @@ Each backend gives its :class:`SlotStore` with :meth:`Backend.slots()
 Slot times are recorded **in the store's clock** (see :meth:`SlotStore.now`), so the beats'
 clocks never meet — one beat's skew can neither delay nor repeat a slot of the next one. A
 process sees that clock through a :class:`StoreClock`: read from the store, and carried
-forward between two reads on the boot clock (:func:`django_leader.lease.clock`), which no
+forward between two reads on the boot clock (``django_leader.lease.clock()``), which no
 step of the wall clock moves.
 """
 
@@ -134,7 +134,7 @@ class LocalSlots(SlotStore):
 
 class StoreClock:
     """The store's clock as this process sees it: read with :meth:`SlotStore.now`, and
-    carried forward between two reads on :func:`django_leader.lease.clock` (the boot clock,
+    carried forward between two reads on ``django_leader.lease.clock()`` (the boot clock,
     which no wall-clock step moves). A step of this process's wall clock changes nothing
     here; a step of the store's clock is seen at the next read, at most ``resync_after``
     seconds later.
