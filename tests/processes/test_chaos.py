@@ -47,8 +47,11 @@ def test_no_violation_under_faults(store: str) -> None:
             pytest.fail(f"required service missing: {reason}")
         pytest.skip(f"service unavailable: {reason}")
     # A work directory of its own, kept if the run fails (the logs are the evidence).
-    # No network: the partitions have a run of their own (below).
-    config = harness.Config(store=store, duration=DURATION, seed=SEED, keep=True, network=False)
+    # No network: the partitions have a run of their own (below). No clock steps nor
+    # stalls either: those are tested between processes in test_clock_steps.py,
+    # test_elector_watchdog.py and test_runleader_watchdog.py, and in make chaos.
+    config = harness.Config(store=store, duration=DURATION, seed=SEED, keep=True,
+                            network=False, clocks=False, stalls=False)  # fmt: skip
     _passes(harness.run(config), faults=5)
 
 
