@@ -274,6 +274,10 @@ class ZooKeeperServer(_Started):
                 "maxSessionTimeout": max_session_ticks * tick_ms,
                 "4lw.commands.whitelist": "srvr,mntr,stat",
                 "admin.enableServer": "false",
+                # A killed server is a crashed process, not a crashed machine: what it wrote
+                # is in the page cache (as the chaos PostgreSQL's fsync=off), and no write
+                # waits for the disk of a busy test machine.
+                "forceSync": "no",
             },
             myid=None,
         )
@@ -380,6 +384,7 @@ class ZooKeeperEnsemble(_Started):
                     "maxSessionTimeout": max_session_ticks * tick_ms,
                     "4lw.commands.whitelist": "srvr,mntr,stat",
                     "admin.enableServer": "false",
+                    "forceSync": "no",  # as the standalone server's
                     **servers,
                 },
                 myid=i + 1,
