@@ -546,9 +546,13 @@ class ZooKeeperBackend(WrittenAfterwards, Backend):
             stale = current
         if record_found is None:
             self._ensure(client, path, anew=True)
-            record_found = self._get(client, path)
+            # Read both again: another candidate may have been granted the name meanwhile
+            # (its record then says held, and our first reading had no lease znode).
+            record_found, current = self._record_and_lease(client, name)
             if record_found is None:
                 raise BackendUnavailable(f"zookeeper: {path} vanished")
+            if current is not None:
+                return None, self.read(name)
         record, record_stat = record_found
         if current is None and losses.vanished(self, client, name, record_found, ttl):
             return None, None  # deleted by hand: the lock-delay runs

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from django_leader import BackendUnavailable, Elector
-from django_leader.backends.zookeeper import ZooKeeperBackend
+from django_leader.backends.zookeeper import ZooKeeperBackend, encode_name
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, LossReason, clock
 from tests.support.waiting import wait_until
@@ -593,3 +593,31 @@ def test_a_read_from_a_clock_an_hour_ahead_still_sees_the_holder(lease_name: str
     finally:
         holder.shutdown()
         reader.shutdown()
+
+
+def test_a_name_granted_while_its_record_was_made_is_not_taken_for_a_deletion(
+    server: ZooKeeperServer, terms: Terms
+) -> None:
+    """Two candidates race for a name never used: the loser finds no record, makes it, and
+    meanwhile the winner is granted the name. The loser must answer with the winner's lease
+    (it was told nothing was held), not take the record it reads back (held, no lease znode
+    in its first reading) for a lease deleted by hand: that refused with no holder to show
+    and fenced the winner's name for a lock-delay. Found under load by
+    test_multiprocess.py's race; made certain here by granting the name inside the loser's
+    making of the record."""
+    winner, loser = terms.backend(), terms.backend()
+    made = loser._ensure
+
+    def ensure_then_lose_the_race(client: Any, path: str, **kwargs: Any) -> Any:
+        result = made(client, path, **kwargs)
+        if path.endswith(encode_name(terms.name)):
+            granted, _ = winner.acquire(terms.name, "winner", TTL)
+            assert granted is not None
+        return result
+
+    loser._ensure = ensure_then_lose_the_race  # type: ignore[method-assign]
+    granted, current = loser.acquire(terms.name, "loser", TTL)
+    assert granted is None
+    assert current is not None and current.holder == "winner", current
+    record = json.loads(winner._session().client.get(winner._name_path(terms.name))[0])
+    assert not record.get("fence"), f"the winner's name was fenced: {record}"
