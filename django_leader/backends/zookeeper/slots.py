@@ -11,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from ..exceptions import BackendUnavailable, LeadershipLost
-from ..lease import Lease
-from .slots import Slot, SlotStore
-
-if TYPE_CHECKING:
-    from .zookeeper import ZooKeeperBackend
+from ...exceptions import BackendUnavailable, LeadershipLost
+from ...lease import Lease
+from ..slots import Slot, SlotStore
+from .leases import Leases
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -27,7 +24,7 @@ class ZooKeeperSlots(SlotStore):
     """One znode per entry beside the lease znode, written only while the lease znode is
     still this holder's (a ``multi`` with a version check)."""
 
-    def __init__(self, backend: ZooKeeperBackend) -> None:
+    def __init__(self, backend: Leases) -> None:
         self.backend = backend
 
     def _dir(self, name: str) -> str:

@@ -1,4 +1,4 @@
-"""What a ZooKeeper store can lose, and how :class:`~.zookeeper.ZooKeeperBackend` notices it
+"""What a ZooKeeper store can lose, and how :class:`~.backend.ZooKeeperBackend` notices it
 (docs/zookeeper-backend.md#the-store-marker-and-the-lock-delay).
 
 * **The store marker** (``<ROOT>/store``): missing (a new, wiped ensemble; ``ROOT`` or the
@@ -19,8 +19,8 @@
   record). A lease that went with its session needs no wait: a session ends no sooner than
   its timeout (>= the ttl) after its holder's last message, so its holder has stepped down.
 
-The ``ZooKeeperBackend`` passed in is only used through its helpers (no import of the
-module at run time: no cycle).
+Each function is handed the backend (an :class:`~.ensemble.Ensemble`, the package's base)
+and uses only its session, paths and clock.
 """
 
 from __future__ import annotations
@@ -28,19 +28,15 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..conf import lock_delay
-from ..lease import clock as lease_clock
-
-if TYPE_CHECKING:
-    from .zookeeper import ZooKeeperBackend, _Session
+from ...conf import lock_delay
+from ...lease import clock as lease_clock
+from .ensemble import Ensemble
+from .layout import to_ms
+from .session import Session
 
 logger = logging.getLogger("django_leader")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def zxid_epoch(zxid: int) -> int:
@@ -49,9 +45,7 @@ def zxid_epoch(zxid: int) -> int:
     return int(zxid) >> 32
 
 
-def create_marker(
-    backend: ZooKeeperBackend, client: Any, delay_ms: int
-) -> tuple[dict[str, Any], bool]:
+def create_marker(backend: Ensemble, client: Any, delay_ms: int) -> tuple[dict[str, Any], bool]:
     """Write the store marker: a new epoch (now), no lease for ``delay_ms`` (0: none), and
     the ensemble epoch it was written in. The marker, and False if one was there already."""
     from kazoo.exceptions import NodeExistsError
@@ -70,12 +64,12 @@ def create_marker(
     return marker, True
 
 
-def lost_marker(backend: ZooKeeperBackend, client: Any, ttl: float) -> dict[str, Any]:
+def lost_marker(backend: Ensemble, client: Any, ttl: float) -> dict[str, Any]:
     """The store marker, found missing by an acquisition: written anew, with a lock-delay
     (or, should another have just written it, that one)."""
     backend._forget_made()  # whatever we made may have gone with the marker
     delay = lock_delay(ttl)
-    marker, created = create_marker(backend, client, _ms(delay))
+    marker, created = create_marker(backend, client, to_ms(delay))
     if not created:  # another acquisition wrote it meanwhile: that one
         found = backend._get(client, f"{backend.root}/store")
         return found[0] if found is not None else marker
@@ -91,9 +85,9 @@ def lost_marker(backend: ZooKeeperBackend, client: Any, ttl: float) -> dict[str,
 
 
 def rolled_back(
-    backend: ZooKeeperBackend,
+    backend: Ensemble,
     client: Any,
-    session: _Session,
+    session: Session,
     marker: tuple[dict[str, Any], Any],
     clock: Any,
     ttl: float,
@@ -116,7 +110,7 @@ def rolled_back(
     elif data.get("zxepoch") != epoch or went_back:
         now = int(clock.mtime)
         delay = lock_delay(ttl)
-        updated = {"epoch": now, "fence": now + _ms(delay), "zxepoch": epoch}
+        updated = {"epoch": now, "fence": now + to_ms(delay), "zxepoch": epoch}
         why = (
             f"a write got zxid {int(clock.mzxid):#x}, lower than {forgotten:#x} seen before"
             if went_back
@@ -164,11 +158,11 @@ def _rewritten_since(data: dict[str, Any], clock: Any, refused_at: float) -> boo
     return marker_age + REWRITE_MARGIN < lease_clock() - refused_at
 
 
-def session_path(backend: ZooKeeperBackend, session_id: int) -> str:
+def session_path(backend: Ensemble, session_id: int) -> str:
     return f"{backend.root}/sessions/{session_id:x}"
 
 
-def mark_session(backend: ZooKeeperBackend, client: Any) -> int | None:
+def mark_session(backend: Ensemble, client: Any) -> int | None:
     """Make sure the session ``client`` runs has its ephemeral marker (it goes when the
     session ends, with the session's leases, in the same transaction); its id."""
     from kazoo.exceptions import NodeExistsError
@@ -185,7 +179,7 @@ def mark_session(backend: ZooKeeperBackend, client: Any) -> int | None:
 
 
 def vanished(
-    backend: ZooKeeperBackend,
+    backend: Ensemble,
     client: Any,
     name: str,
     record: tuple[dict[str, Any], Any],
@@ -211,7 +205,7 @@ def vanished(
     if owner and backend._wait(client.exists_async(session_path(backend, int(owner, 16)))) is None:
         return False  # it went with its session, which outlives its holder's deadline
     delay = lock_delay(ttl)
-    until = backend._now_ms() + _ms(delay)
+    until = backend._now_ms() + to_ms(delay)
     try:
         backend._wait(
             client.set_async(

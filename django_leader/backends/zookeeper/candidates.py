@@ -1,0 +1,113 @@
+"""Candidates in ZooKeeper (fifo and priority elections): one ephemeral sequential znode
+each under ``names/N/queue``, its sequence the join order, its ``mtime`` its last
+heartbeat."""
+
+from __future__ import annotations
+
+import json
+from contextlib import suppress
+from typing import Any
+
+from ...election import Candidate
+from .ensemble import Ensemble
+from .layout import candidate_prefix, to_ms, to_time
+
+
+class Candidacies(Ensemble):
+    """announce, withdraw and candidates of :class:`~.backend.ZooKeeperBackend`."""
+
+    def _queue(self, client: Any, name: str) -> list[str]:
+        """The candidate node names of ``name`` in join order."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            children = self._wait(client.get_children_async(self._queue_path(name)))
+        except NoNodeError:
+            return []
+        return sorted(children, key=lambda child: child.rsplit("-", 1)[-1])
+
+    def _my_node(self, client: Any, name: str, identity: str) -> str | None:
+        """The node name of ``identity``'s candidacy for ``name`` (None if it has none)."""
+        prefix = candidate_prefix(identity)
+        mine = [child for child in self._queue(client, name) if child.startswith(prefix)]
+        return mine[0] if mine else None
+
+    def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        client = self.client
+        info = {
+            "identity": candidate.identity,
+            "priority": candidate.priority,
+            "host": candidate.host,
+            "pid": candidate.pid,
+            "version": candidate.version,
+            "ttl": to_ms(ttl),
+        }
+        raw = json.dumps(info).encode()
+        key = (name, candidate.identity)
+        node = self._mine.get(key) or self._my_node(client, name, candidate.identity)
+        if node is not None:
+            try:
+                stat = self._wait(client.set_async(f"{self._queue_path(name)}/{node}", raw))
+            except NoNodeError:
+                node = None  # its session ended or it expired: join again, at the tail
+            else:
+                self._seen(stat.mtime)
+                self._mine[key] = node
+                return
+        created = self._wait(
+            client.create_async(
+                f"{self._queue_path(name)}/{candidate_prefix(candidate.identity)}",
+                raw,
+                ephemeral=True,
+                sequence=True,
+                makepath=True,
+            )
+        )
+        self._mine[key] = created.rsplit("/", 1)[-1]
+        hub = self._hub
+        if hub is not None:
+            hub.rearm(name, candidate.identity)
+
+    def withdraw(self, name: str, identity: str) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        client = self.client
+        node = self._mine.pop((name, identity), None) or self._my_node(client, name, identity)
+        if node is None:
+            return
+        with suppress(NoNodeError):
+            self._wait(client.delete_async(f"{self._queue_path(name)}/{node}"))
+
+    def candidates(self, name: str) -> list[Candidate] | None:
+        from kazoo.exceptions import NoNodeError
+
+        client = self.client
+        nodes = self._queue(client, name)
+        results = [client.get_async(f"{self._queue_path(name)}/{node}") for node in nodes]
+        found = []
+        for node, result in zip(nodes, results, strict=True):
+            try:
+                raw, stat = self._wait(result)
+            except NoNodeError:
+                continue
+            info = json.loads(raw)
+            expires = int(stat.mtime) + int(info.get("ttl", 0))
+            if self._passed(expires)[0]:
+                client.delete_async(f"{self._queue_path(name)}/{node}", stat.version)
+                continue
+            found.append(
+                Candidate(
+                    identity=str(info["identity"]),
+                    priority=int(info.get("priority", 0)),
+                    host=str(info.get("host", "")),
+                    pid=int(info.get("pid", 0)),
+                    version=str(info.get("version", "")),
+                    seq=int(node.rsplit("-", 1)[-1]),
+                    joined_at=to_time(stat.ctime),
+                    seen_at=to_time(stat.mtime),
+                    expires_at=to_time(expires),
+                )
+            )
+        return found
