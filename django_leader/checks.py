@@ -156,7 +156,7 @@ def _not_migrated(alias: str, app_label: str) -> str | None:
     missing"``, ``"migration(s) … not applied"``), or None: all is, the database cannot be
     looked at, or the checks run inside ``migrate``, which is about to create the tables
     (a warning then looked alarming on a first migrate)."""
-    from .backends import migration_state
+    from .backends.db import migration_state
 
     if _inside_migrate():
         return None
@@ -193,7 +193,7 @@ def check_database(
 ) -> list[CheckMessage]:
     """E003: the lease database cannot be inspected. A database check: Django runs it only
     when asked to (``manage.py check --database <alias>``, ``migrate``)."""
-    from .backends import migration_state
+    from .backends.db import migration_state
 
     alias = _lease_database()
     if alias is None or not databases or alias not in databases:

@@ -73,7 +73,7 @@ nitpick_ignore = [
     ("py:class", "DatabaseSlots"),
     ("py:class", "RedisSlots"),
     ("py:class", "ZooKeeperSlots"),
-    ("py:class", "django_leader.backends.sql.StoreNow"),
+    ("py:class", "django_leader.backends.db.dialect.StoreNow"),
     ("py:class", "Backend"),  # a forward reference in django_leader.backends.resolve
     # The history mixin of the Redis and ZooKeeper backends (internal), and the contract's
     # ``record`` that their inherited acquire() docstring names (defined by that mixin).

@@ -1,8 +1,7 @@
 """Lease stores. Pick one with ``DJANGO_LEADER["BACKEND"]`` (a dotted path).
 
 The contract is :class:`~django_leader.backends.base.Backend`; the stores shipped are
-:class:`~django_leader.backends.db.DatabaseBackend` (``backends/db.py``, with ``sql.py``,
-``db_connection.py``, ``db_fence.py`` and ``db_slots.py``) and
+:class:`~django_leader.backends.db.DatabaseBackend` (the package ``backends/db/``) and
 :class:`~django_leader.backends.redis.RedisBackend` (``backends/redis.py``, with
 ``redis_scripts.py`` and ``redis_slots.py``; ``backends/cache.py`` keeps its former name
 ``CacheBackend``). Code outside this package uses the contract and the functions below,
@@ -82,25 +81,6 @@ def _load(path: str, timeout: float | None, what: str) -> Backend:
         )
     factory: Any = cls  # the contract does not fix constructor arguments; ours take timeout
     return factory() if timeout is None else factory(timeout=timeout)
-
-
-def migration_state(alias: str, app_label: str = "django_leader") -> tuple[list[str], list[str]]:
-    """The tables of app ``app_label`` missing in database ``alias``, and its migrations
-    not applied there (as ``migrate`` would see them), looked at over a private connection
-    bounded by the store's timeouts; never creates a SQLite file. Raises whatever the
-    database raises when it cannot be inspected. (System checks W002, W016 and E003.)"""
-    from .db_connection import migration_state as probe
-
-    return probe(alias, app_label)
-
-
-def close_unusable_connections() -> None:
-    """Close each of this thread's Django connections that an error left unusable (a
-    working one is kept), for a thread without a request cycle (beat): else a connection
-    the server closed would fail every call after it."""
-    from .db_slots import close_unusable_connections as close
-
-    close()
 
 
 def resolve(backend: Backend | str | None, *, timeout: float | None = None) -> Backend:

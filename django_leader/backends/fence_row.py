@@ -19,8 +19,8 @@ from django.db import connections
 
 from ..exceptions import LeadershipLost
 from ..lease import Lease
-from .db_fence import bounded_transaction, lock_row
-from .sql import DIALECTS
+from .db.dialects import DIALECTS
+from .db.fence import bounded_transaction, lock_row
 
 
 @contextmanager

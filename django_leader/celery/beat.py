@@ -46,7 +46,7 @@ from celery import uuid
 from celery.beat import Scheduler
 from django.apps import apps
 
-from ..backends import close_unusable_connections
+from ..backends.db import close_unusable_connections
 from ..backends.slots import Slot, SlotStore, StoreClock, entry_key
 from ..conf import get_settings, validate_name
 from ..exceptions import LeadershipLost

@@ -18,8 +18,9 @@ import pytest
 from django.core.checks import CheckMessage
 from django.test import override_settings
 
-from django_leader.backends import get_backend, migration_state
+from django_leader.backends import get_backend
 from django_leader.backends.base import Backend
+from django_leader.backends.db import migration_state
 from django_leader.backends.slots import LocalSlots, Slot, SlotStore
 from django_leader.conf import get_settings
 from django_leader.exceptions import NotSupportedError

@@ -2,8 +2,8 @@
 
 The server ends a fenced transaction once its lease is over, but a client cut off from it
 never hears so: it once waited as long as TCP retransmits (14 s and more, issue 24). Now the
-connection's socket gives up once the lease's time is over (``db_socket.py``), and the
-statement fails with the driver's error.
+connection's socket gives up once the lease's time is over
+(``backends/db/socket_bound.py``), and the statement fails with the driver's error.
 
 Real servers, real cut: a private PostgreSQL (or MariaDB) and the holder
 (tests/procs/fence_cut.py) each run in a network namespace of the test's own, joined by a

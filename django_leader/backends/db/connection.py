@@ -1,4 +1,4 @@
-"""The database backend's private connections, and the migration probe of the checks.
+"""The database backend's private connections.
 
 Lease operations run on a connection of their own (one per thread), so they commit at once
 even when called inside the caller's ``transaction.atomic()``, and every call is bounded by
@@ -20,7 +20,7 @@ from django.db import connections
 from django.db.utils import Error as DjangoDBError
 from django.db.utils import load_backend
 
-from .sql import DIALECTS, Dialect
+from .dialect import Dialect
 
 #: Seconds a private connection may sit idle before it is checked (is_usable()) on reuse.
 IDLE_CHECK = 10.0
@@ -119,49 +119,3 @@ class PrivateConnection:
             self._local.wrapper = None
             with suppress(DjangoDBError):
                 wrapper.close()
-
-
-def migration_state(alias: str, app_label: str = "django_leader") -> tuple[list[str], list[str]]:
-    """The tables of app ``app_label`` missing in database ``alias``, and its migrations
-    not applied there (as ``migrate`` would see them: squashes, ``MIGRATION_MODULES``).
-
-    Looks over a private connection with the store's timeouts, closed at once, and never
-    creates a SQLite file (a missing file: every table is missing). Raises whatever the
-    database raises when it cannot be reached."""
-    from django.apps import apps
-    from django.db.migrations.loader import MigrationLoader
-
-    tables_of = sorted(m._meta.db_table for m in apps.get_app_config(app_label).get_models())
-    name = str(connections[alias].settings_dict.get("NAME") or "")
-    in_memory = name in ("", ":memory:") or "mode=memory" in name
-    if (
-        connections[alias].vendor == "sqlite"
-        and not in_memory
-        and not name.startswith("file:")
-        and not os.path.exists(name)
-    ):
-        return tables_of, []  # no database file yet: connecting would create it
-    from ..conf import get_settings
-
-    vendor = connections[alias].vendor
-    if vendor not in DIALECTS:
-        raise NotImplementedError(f"django_leader has no SQL for database vendor {vendor!r}")
-    probe = PrivateConnection(alias, DIALECTS[vendor](), get_settings().timing.call_timeout)
-    try:
-        wrapper = probe.get()
-        with wrapper.cursor() as cursor:
-            tables = set(wrapper.introspection.table_names(cursor))
-        loader = MigrationLoader(wrapper, ignore_no_migrations=True)
-        plan = [
-            key
-            for leaf in loader.graph.leaf_nodes(app_label)
-            for key in loader.graph.forwards_plan(leaf)
-        ]
-        unapplied = [
-            migration
-            for app, migration in dict.fromkeys(plan)
-            if app == app_label and (app, migration) not in loader.applied_migrations
-        ]
-    finally:
-        probe.close()
-    return [table for table in tables_of if table not in tables], unapplied

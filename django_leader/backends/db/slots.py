@@ -16,64 +16,40 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
-from django.db.utils import Error as DjangoDBError
 
-from ..exceptions import BackendUnavailable
-from ..lease import Lease
-from .slots import Slot, SlotStore
-from .sql import aware
-
-if TYPE_CHECKING:
-    from .db import DatabaseBackend
+from ...exceptions import BackendUnavailable
+from ...lease import Lease
+from ..slots import Slot, SlotStore
+from .dialect import Dialect, aware
+from .recycling import close_if_unusable
 
 logger = logging.getLogger("django_leader.celery")
 
 T = TypeVar("T")
 
 
-def close_if_unusable(alias: str) -> bool:
-    """Close this thread's Django connection to ``alias`` if an error left it unusable;
-    True if it did. A connection without errors since its last check is not even tested,
-    and a working one is kept (unlike ``close_if_unusable_or_obsolete``, which also closes
-    connections past ``CONN_MAX_AGE`` — 0 by default, so every time). Never inside a
-    transaction: ``atomic`` deals with its own connection."""
-    connection = connections[alias]
-    if connection.connection is None or connection.in_atomic_block:
-        return False
-    if connection.get_autocommit() == connection.settings_dict["AUTOCOMMIT"]:
-        if not connection.errors_occurred:
-            return False
-        if connection.is_usable():
-            connection.errors_occurred = False
-            return False
-    with suppress(DjangoDBError):
-        connection.close()
-    connection.connection = None  # (close() keeps it if closing raised)
-    return True
-
-
-def close_unusable_connections() -> None:
-    """:func:`close_if_unusable` for each connection this thread has opened."""
-    for connection in connections.all(initialized_only=True):
-        close_if_unusable(connection.alias)
-
-
 class DatabaseSlots(SlotStore):
     """``BeatSlot`` rows in the lease database, written inside ``lease.fenced()``, on this
     thread's Django connection (replaced when the server closed it, see the module)."""
 
-    def __init__(self, backend: DatabaseBackend) -> None:
-        self.backend = backend
-        self.alias = backend.alias
-        self.now_sql = backend.dialect.now()  # the server's clock, e.g. statement_timestamp()
+    def __init__(
+        self,
+        alias: str,
+        dialect: Dialect,
+        fenced: Callable[[Lease], AbstractContextManager[None]],
+    ) -> None:
+        self.alias = alias
+        self.now_sql = dialect.now()  # the server's clock, e.g. statement_timestamp()
+        #: The store's ``fenced()``: a transaction that commits only under the lease.
+        self.fenced = fenced
 
     def _rows(self) -> Any:
-        from ..models import BeatSlot
+        from ...models import BeatSlot
 
         return BeatSlot.objects.using(self.alias)
 
@@ -114,7 +90,7 @@ class DatabaseSlots(SlotStore):
 
     def claim(self, lease: Lease, slot: Slot) -> None:
         def claim() -> None:
-            with self.backend.fenced(lease):
+            with self.fenced(lease):
                 self._rows().update_or_create(
                     lease=lease.name,
                     entry=slot.entry,

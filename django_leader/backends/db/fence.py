@@ -1,7 +1,7 @@
 """Fenced transactions: writes that commit only under a lease.
 
 :func:`fenced_transaction` is :meth:`django_leader.backends.db.DatabaseBackend.fenced`
-(the lease row itself, locked); ``fence_row.py`` fences with a row of its own for the
+(the lease row itself, locked); ``backends/fence_row.py`` fences with a row of its own for the
 other stores. Both are a :func:`bounded_transaction`: one that ends with the lease.
 """
 
@@ -15,10 +15,10 @@ from django.db import connections, transaction
 from django.db.utils import Error as DjangoDBError
 from django.db.utils import InterfaceError, OperationalError
 
-from ..exceptions import LeadershipLost
-from ..lease import Lease, clock
-from .db_socket import SocketBound
-from .sql import Dialect
+from ...exceptions import LeadershipLost
+from ...lease import Lease, clock
+from .dialect import Dialect
+from .socket_bound import SocketBound
 
 #: The least time, in seconds, a fenced transaction is given by the server before it is
 #: aborted, however little of the lease is left (see :meth:`DatabaseBackend.fenced`).
@@ -49,7 +49,7 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
     No statement of it starts after the lease's local deadline, nor does it commit then
     (``LeadershipLost``, rolled back), and the server is told to end it should it still run
     or sit idle once the lease is over (see :meth:`DatabaseBackend.fenced`); the client's
-    socket gives up on an unanswered server by then too (``db_socket.py``: a cut network),
+    socket gives up on an unanswered server by then too (``socket_bound.py``: a cut network),
     and has its own settings back afterwards. Outside an outer ``atomic()`` block, a
     connection that failed before is replaced if the server dropped it, and one that fails
     inside is closed, so that the next call reconnects.
@@ -84,7 +84,7 @@ def lock_row(
     """Lock the one row of ``table`` matching ``where`` until the transaction ends, and
     return its ``column`` (a 1-tuple); None if no row matches (nothing is locked then,
     except on SQLite)."""
-    if cursor.db.vendor == "sqlite":
+    if not cursor.db.features.has_select_for_update:
         # SQLite has no row locks: a write takes the database's RESERVED lock, which keeps
         # every other writer out until this transaction ends.
         cursor.execute(f"UPDATE {table} SET {column} = {column} WHERE {where}", params)

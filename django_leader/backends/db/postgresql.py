@@ -1,0 +1,100 @@
+"""PostgreSQL's SQL for the database backend (psycopg 3 or psycopg2)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .dialect import Dialect, Key
+
+
+class PostgreSQLDialect(Dialect):
+    """``statement_timestamp()``, ``ON CONFLICT``, data-modifying ``WITH``, ``NOTIFY``."""
+
+    writes_in_one_statement = True
+    notify = "pg_notify(%s, '')"
+
+    # statement_timestamp(), not now(): inside a caller's transaction (fenced()) now() is
+    # the time that transaction began.
+    def now(self) -> str:
+        return "statement_timestamp()"
+
+    def expiry(self) -> str:
+        return "statement_timestamp() + %s * interval '1 microsecond'"
+
+    def ttl_param(self, ttl: float) -> Any:
+        return round(ttl * 1_000_000)
+
+    def insert_ignore(self, table: str, columns: str, values: str) -> str:
+        return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+    def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+        ms = max(100, round(timeout * 1000))
+        options = dict(options)
+        options.pop("pool", None)  # a private connection, never one borrowed from a pool
+        options.setdefault("connect_timeout", max(2, math.ceil(timeout)))
+        # A cut network leaves sent data unacknowledged: give up on it after `timeout`.
+        options.setdefault("tcp_user_timeout", ms)
+        options.setdefault("keepalives", 1)
+        options.setdefault("keepalives_idle", max(1, math.ceil(timeout)))
+        options.setdefault("keepalives_interval", 1)
+        options.setdefault("keepalives_count", 3)
+        extra = (
+            f"-c statement_timeout={ms} -c lock_timeout={ms} "
+            f"-c idle_in_transaction_session_timeout={max(ms * 4, 1000)}"
+        )
+        options["options"] = f"{options.get('options', '')} {extra}".strip()
+        return options
+
+    def clock_seed(self) -> tuple[str, list[Any]]:
+        return "(extract(epoch from clock_timestamp()) * 1000000)::bigint", []
+
+    def bound_transaction(
+        self, cursor: Any, connection: Any, seconds: float, saved: dict[str, Any]
+    ) -> None:
+        # Local to the transaction: they end with it, nothing to restore. The idle timeout
+        # ends the session of a holder frozen or cut off between two statements; the
+        # statement and lock timeouts a statement of it that runs or waits too long.
+        ms = str(math.ceil(seconds * 1000))
+        names = ["statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"]
+        if connection.pg_version >= 170000 and not saved:
+            # Counted from when it is first set (PostgreSQL ignores later changes while its
+            # timer runs): set once, at the start of the transaction, to the lease's time left.
+            names.append("transaction_timeout")
+            saved["transaction_timeout"] = None  # nothing to restore: a marker
+        cursor.execute(
+            "SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in names),
+            [ms] * len(names),
+        )
+
+    def batch_size(self, connection: Any) -> int | None:
+        return None  # arrays: any number in one statement
+
+    def among(self, values: Sequence[str]) -> tuple[str, list[Any]]:
+        return "= ANY(%s::text[])", [list(values)]
+
+    def renew_rows(
+        self, cursor: Any, table: str, select: str, keys: list[Key], ttl: float
+    ) -> list[Sequence[Any]]:
+        # Locked first (FOR NO KEY UPDATE, as an UPDATE locks), then updated: the lock
+        # re-checks the condition on the row's newest version, so the UPDATE that
+        # follows in the same statement changes only rows that meet it.
+        lock = "FOR NO KEY UPDATE OF l SKIP LOCKED"
+        sql = (
+            "WITH b (b_name, b_holder, b_token) AS (SELECT * FROM "
+            "unnest(%s::text[], %s::text[], %s::bigint[])), "
+            "mine AS MATERIALIZED (SELECT l.name AS m_name, l.holder AS m_holder, "
+            f"l.token AS m_token FROM {table} l JOIN b "
+            "ON l.name = b.b_name AND l.holder = b.b_holder AND l.token = b.b_token "
+            f"WHERE l.expires_at > {self.now()} {lock}) "
+            f"UPDATE {table} SET renewed_at = {self.now()}, expires_at = {self.expiry()} "
+            "FROM mine WHERE name = m_name AND holder = m_holder AND token = m_token "
+            f"AND expires_at > {self.now()} RETURNING {select}"
+        )
+        names = [key[0] for key in keys]
+        holders = [key[1] for key in keys]
+        tokens = [key[2] for key in keys]
+        cursor.execute(sql, [names, holders, tokens, self.ttl_param(ttl)])
+        rows: list[Sequence[Any]] = cursor.fetchall()
+        return rows

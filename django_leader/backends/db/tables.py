@@ -1,0 +1,175 @@
+"""What every statement of the database backend shares: the lease tables of one
+database, their columns, and a cursor on the store's own connection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.db.utils import Error as DjangoDBError
+
+from ...exceptions import BackendUnavailable
+from ...lease import EventKind, Lease
+from .dialect import Dialect, aware
+
+#: The columns of a lease row, in the order :meth:`LeaseTables.row` reads them.
+COLUMNS = (
+    "name",
+    "holder",
+    "previous_holder",
+    "token",
+    "transitions",
+    "acquired_at",
+    "renewed_at",
+    "expires_at",
+)
+
+
+class LeaseTables:
+    """The ``Lease``, ``LeaseEvent`` and ``LeaseCandidate`` tables of database ``alias``
+    (quoted names), written in ``dialect``, over the connection ``connect()`` gives (this
+    thread's private one; ``disconnect()`` drops it). ``history``: whether lease changes
+    are recorded as events."""
+
+    def __init__(
+        self,
+        alias: str,
+        dialect: Dialect,
+        history: bool,
+        connect: Callable[[], Any],
+        disconnect: Callable[[], None],
+    ) -> None:
+        from ...models import Lease as LeaseRow
+        from ...models import LeaseCandidate, LeaseEvent
+
+        self.alias = alias
+        self.dialect = dialect
+        self.history = history
+        self.connect = connect
+        self._disconnect = disconnect
+        ops = connections[alias].ops
+        self.leases = ops.quote_name(LeaseRow._meta.db_table)
+        self.events = ops.quote_name(LeaseEvent._meta.db_table)
+        self.candidates = ops.quote_name(LeaseCandidate._meta.db_table)
+        # The columns of a Lease, then who a standing hand-over request names.
+        self.select = ", ".join(COLUMNS) + (
+            f", CASE WHEN handover_until > {dialect.now()} THEN handover_to ELSE '' END"
+        )
+        #: The prefix of this store's wake-up channels (see ``wakeups.channel``).
+        self.channel_prefix = f"{alias}:{self.leases}"
+
+    @contextmanager
+    def cursor(self, atomic: bool) -> Iterator[Any]:
+        """A cursor on the private connection, in a transaction of its own if ``atomic``.
+        A database error becomes ``BackendUnavailable`` and drops the connection: the next
+        call reconnects (that is how the store rides out a database restart)."""
+        wrapper = self.connect()
+        try:
+            if atomic:
+                wrapper.ensure_connection()
+                wrapper.set_autocommit(False)
+            try:
+                with wrapper.cursor() as cursor:
+                    yield cursor
+                if atomic:
+                    wrapper.commit()
+            except BaseException:
+                if atomic:
+                    with suppress(DjangoDBError):
+                        wrapper.rollback()
+                raise
+            finally:
+                if atomic and wrapper.connection is not None:
+                    wrapper.set_autocommit(True)
+        except DjangoDBError as exc:
+            self._disconnect()  # reconnect on the next call
+            message = str(exc).strip() or type(exc).__name__
+            message += self.dialect.busy_hint(connections[self.alias])
+            if (
+                "no such table" in message
+                or "doesn't exist" in message
+                or ("does not exist" in message and "relation" in message)
+            ):
+                message += " (did you run `manage.py migrate django_leader`?)"
+            raise BackendUnavailable(f"database {self.alias!r}: {message}") from exc
+
+    def row(self, row: Sequence[Any] | None) -> Lease | None:
+        """The :class:`Lease` of a row read with :attr:`select` (None: no row)."""
+        if row is None:
+            return None
+        name, holder, previous, token, transitions, acquired, renewed, expires = row[:8]
+        return Lease(
+            handover_to=(row[8] or "") if len(row) > 8 else "",
+            name=name,
+            holder=holder,
+            token=int(token),
+            transitions=int(transitions),
+            acquired_at=aware(acquired),
+            renewed_at=aware(renewed),
+            expires_at=aware(expires),
+            previous_holder=previous or "",
+        )
+
+    def update(self, cursor: Any, sql: str, params: list[Any], name: str) -> Lease | None:
+        """Run a conditional UPDATE of the row ``name``; return the row it changed, or None."""
+        if self.dialect.returning:
+            cursor.execute(f"{sql} RETURNING {self.select}", params)
+            rows = cursor.fetchall()  # drain: SQLite completes the statement only then
+            return self.row(rows[0] if rows else None)
+        cursor.execute(sql, params)
+        if cursor.rowcount != 1:
+            return None
+        cursor.execute(f"SELECT {self.select} FROM {self.leases} WHERE name = %s", [name])
+        return self.row(cursor.fetchone())
+
+    def current(self, cursor: Any, name: str) -> Lease | None:
+        """The unexpired lease on ``name`` with ``read_at`` (the server's clock), or None."""
+        now = self.dialect.now()
+        cursor.execute(
+            f"SELECT {self.select}, {now} FROM {self.leases} "
+            f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
+            [name],
+        )
+        row = cursor.fetchone()
+        lease = self.row(row)
+        if lease is not None:
+            lease.read_at = aware(row[-1])
+        return lease
+
+    def insert_event(
+        self,
+        cursor: Any,
+        kind: str,
+        lease: Lease,
+        *,
+        detail: str = "",
+        actor: str = "",
+        at: datetime | None = None,
+    ) -> None:
+        """Insert one history row, stamped ``at`` (default: the database server's now)."""
+        # Only an acquisition names the holder before it (the one whose lease expired).
+        taken = kind in (EventKind.ACQUIRED, EventKind.TAKEN_OVER)
+        previous = lease.previous_holder if taken else ""
+        params = [
+            lease.name,
+            str(kind),
+            lease.holder,
+            lease.token,
+            previous,
+            detail[:1000],
+            actor[:255],
+        ]
+        if at is None:
+            stamp = self.dialect.now()
+        else:
+            stamp = "%s"
+            params.insert(5, self.connect().ops.adapt_datetimefield_value(at))
+        cursor.execute(
+            f"INSERT INTO {self.events} "
+            "(name, kind, holder, token, previous_holder, at, detail, actor) "
+            f"VALUES (%s, %s, %s, %s, %s, {stamp}, %s, %s)",
+            params,
+        )
