@@ -1,12 +1,16 @@
-"""Redis pub/sub for the Redis backend's wake-ups (``PUBLISH`` by :meth:`RedisBackend.wake`,
-``SUBSCRIBE`` here). Used by the hub's thread only: a redis-py ``PubSub`` is not
-thread-safe."""
+"""The Redis backend's wake-ups, over Redis pub/sub: ``PUBLISH`` by :meth:`WakeUps.wake`
+(and by the release script), ``SUBSCRIBE`` by :class:`RedisListener`, one subscribed
+connection per process shared by every watch."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from django_leader.backends.base import Watch
+from django_leader.backends.redis.store import RedisStore
+from django_leader.backends.wakeups import WakeHub, channel
 
 #: Seconds of silence after which the connection is checked with a PING, and then the
 #: longest a PONG may take before the connection counts as dead (a half-open TCP connection
@@ -16,7 +20,8 @@ KEEPALIVE = 5.0
 
 class RedisListener:
     """A :class:`~django_leader.backends.wakeups.Transport` over ``SUBSCRIBE``, on the
-    backend's own (bounded) client: a connection lost raises, and the hub reconnects."""
+    backend's own (bounded) client: a connection lost raises, and the hub reconnects.
+    Used by the hub's thread only: a redis-py ``PubSub`` is not thread-safe."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -59,3 +64,26 @@ class RedisListener:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             pubsub.close()
+
+
+class WakeUps(RedisStore):
+    """:meth:`watch` and :meth:`wake` of :class:`~django_leader.backends.redis.RedisBackend`."""
+
+    def watch(
+        self, name: str, callback: Callable[[], None], *, identity: str | None = None
+    ) -> Watch | None:
+        """Pub/sub: one subscribed connection per process, shared by every watch. A release
+        publishes on the name's channel in its own script (no extra round trip)."""
+        with self._hub_lock:
+            hub = self._hub
+            if hub is None or not hub.usable():
+                hub = self._hub = WakeHub(RedisListener(self.client), f"leader-listen:{self.alias}")
+        return hub.watch_lease(self._channel_prefix, name, identity, callback)
+
+    def wake(self, name: str, identity: str | None = None) -> None:
+        import redis
+
+        try:
+            self.client.publish(channel(self._channel_prefix, name, identity), "")
+        except redis.RedisError as exc:
+            raise self.unavailable(exc) from exc

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..exceptions import BackendUnavailable, LeadershipLost
-from ..lease import Lease
-from .slots import Slot, SlotStore
-
-if TYPE_CHECKING:
-    from .redis import RedisBackend
+from django_leader.backends.redis.store import RedisStore
+from django_leader.backends.slots import Slot, SlotStore
+from django_leader.exceptions import LeadershipLost
+from django_leader.lease import Lease
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -41,7 +39,7 @@ class RedisSlots(SlotStore):
     """A hash ``…:django_leader:{<lease>}:beat`` beside the lease's keys (one Cluster slot),
     written by a Lua script that checks the lease first."""
 
-    def __init__(self, backend: RedisBackend) -> None:
+    def __init__(self, backend: RedisStore) -> None:
         self.backend = backend
         self.client = backend.client
         self._claim = self.client.register_script(_CLAIM)
@@ -59,7 +57,7 @@ class RedisSlots(SlotStore):
         try:
             return fn(*args, **kwargs)
         except redis.RedisError as exc:
-            raise BackendUnavailable(f"redis cache {self.backend.alias!r}: {exc}") from exc
+            raise self.backend.unavailable(exc) from exc
 
     def load(self, lease: Lease) -> dict[str, Slot]:
         raw = self._call(self.client.hgetall, self.keys(lease.name)[1])

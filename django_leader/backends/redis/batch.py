@@ -1,0 +1,68 @@
+"""Batch renewal in Redis: many leases renewed in one round trip, each renewed or refused
+on its own exactly as by a single renewal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django_leader.backends.redis.store import RedisStore, to_ms
+from django_leader.lease import Lease
+
+#: Leases renewed by one script of :meth:`RedisBackend.renew_many` (the scripts of a batch
+#: go in one pipeline: one round trip).
+BATCH = 2500
+
+
+class BatchRenewal(RedisStore):
+    """:meth:`renew_many` of :class:`~django_leader.backends.redis.RedisBackend`."""
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
+        """:meth:`renew` each of ``leases``: one script per ``BATCH`` (2,500) leases (each
+        lease renewed or refused on its own, exactly as by ``renew``), all sent in one
+        pipeline: one round trip for any count."""
+        import redis
+
+        if not leases:
+            return []
+        keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
+        chunks = [keys[start : start + BATCH] for start in range(0, len(keys), BATCH)]
+        terms, ms = self.terms_key(), to_ms(ttl)
+        calls = []
+        for chunk in chunks:
+            script_keys = [key for name, _, _ in chunk for key in self.keys(name)]
+            args = [arg for name, holder, token in chunk for arg in (holder, token, name)]
+            calls.append([len(script_keys) + 1, *script_keys, terms, ms, *args])
+        replies: list[Any] = [None] * len(calls)
+        try:
+            pending = list(range(len(calls)))
+            for _ in range(2):  # once more after loading the script (NOSCRIPT)
+                pipe = self.client.pipeline(transaction=False)
+                for index in pending:
+                    pipe.evalsha(self._renew_many.sha, *calls[index])
+                results = pipe.execute(raise_on_error=False)
+                missing = []
+                for index, result in zip(pending, results, strict=True):
+                    if isinstance(result, redis.exceptions.NoScriptError):
+                        missing.append(index)
+                    elif isinstance(result, Exception):
+                        raise result
+                    else:
+                        replies[index] = result
+                if not missing:
+                    break
+                self._renew_many.sha = self.client.script_load(self._renew_many.script)
+                pending = missing
+            else:
+                raise redis.exceptions.NoScriptError("renew_many: the script was not loaded")
+        except redis.RedisError as exc:
+            raise self.unavailable(exc) from exc
+        found = {
+            key: reply
+            for chunk, chunk_replies in zip(chunks, replies, strict=True)
+            for key, reply in zip(chunk, chunk_replies, strict=True)
+        }
+        return [
+            self._renewed(lease.name, found[(lease.name, lease.holder, lease.token)])
+            for lease in leases
+        ]

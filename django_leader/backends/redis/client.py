@@ -1,0 +1,68 @@
+"""The Redis connection: the redis-py client behind a Django cache, and a copy of it whose
+every call is bounded in time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+def redis_client(cache: Any) -> Any:
+    """The redis-py client behind a Django cache, or ImproperlyConfigured if it is not Redis."""
+    try:
+        import redis
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImproperlyConfigured(
+            "django_leader's Redis backend needs redis-py: pip install 'django-leader[redis]'"
+        ) from None
+    client: Any = None
+    from django.core.cache.backends.redis import RedisCache
+
+    try:
+        if isinstance(cache, RedisCache):
+            client = cache._cache.get_client(None, write=True)
+        elif hasattr(cache, "client") and hasattr(cache.client, "get_client"):  # django-redis
+            client = cache.client.get_client(write=True)
+    except NotImplementedError:  # e.g. django-redis's ShardClient: no single server
+        client = None
+    if not isinstance(client, redis.Redis):
+        raise ImproperlyConfigured(
+            f"django_leader's Redis backend needs a Redis cache (django-redis or "
+            f"django.core.cache.backends.redis.RedisCache), got {type(cache).__module__}."
+            f"{type(cache).__qualname__}: only Redis gives an atomic compare-and-set "
+            "across processes"
+        )
+    return client
+
+
+def bounded(client: Any, timeout: float) -> Any:
+    """A client on the same server whose every call is bounded by ``timeout`` seconds.
+
+    Only for a plain connection pool; Sentinel and other pools are used as configured
+    (set their ``socket_timeout`` yourself).
+    """
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    pool = client.connection_pool
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+        return client
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = timeout
+    kwargs["socket_connect_timeout"] = timeout
+    kwargs["retry"] = Retry(NoBackoff(), 0)  # the election loop retries, on its own schedule
+    kwargs.pop("retry_on_timeout", None)
+    # A blocking pool: a call beyond max_connections at once waits for a free connection
+    # (within the bound) instead of failing with "Too many connections" — one process may
+    # run many Electors and locks. The limit is the project's pool's, at least 100.
+    limit = max(100, int(getattr(pool, "max_connections", 0) or 0))
+    return redis.Redis(
+        connection_pool=redis.BlockingConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=min(limit, 2**31 - 1),
+            timeout=timeout,
+            **kwargs,
+        )
+    )

@@ -1,0 +1,138 @@
+"""The lease operations of the Redis backend, each one Lua script: acquire (behind the
+store marker's check for a Redis that forgot), renew, release (which also publishes the
+wake-up), force-release, read, list the names, and the hand-over request."""
+
+from __future__ import annotations
+
+import logging
+
+from django_leader.backends.redis.store import RedisStore, text, to_ms, to_time
+from django_leader.backends.wakeups import channel
+from django_leader.conf import lock_delay
+from django_leader.lease import EventKind, Lease
+
+logger = logging.getLogger("django_leader")
+
+
+class RedisLeases(RedisStore):
+    """:meth:`acquire`, :meth:`renew`, :meth:`release`, :meth:`force_release`,
+    :meth:`read`, :meth:`names` and :meth:`request_handover` of
+    :class:`~django_leader.backends.redis.RedisBackend`."""
+
+    def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
+        delay = lock_delay(ttl)
+        reply = self._call(
+            self._acquire,
+            name,
+            holder,
+            to_ms(ttl),
+            name,
+            to_ms(delay),
+            extra=(self.store_key(), self.terms_key()),
+        )
+        if text(reply[10]) == "1":
+            logger.warning(
+                "redis cache %r has lost state (flushed, restarted, restored or failed over): "
+                "no lease on it may be taken for the lock-delay of %.1fs, so that every "
+                "holder that could still believe it leads has stepped down",
+                self.alias,
+                delay,
+            )
+        if int(reply[0]) == 0:
+            if not text(reply[1]):
+                # Nobody holds it, yet it may not be taken: force-released with its term
+                # still running, the store's lock-delay after a loss of state, or a
+                # hand-over to another candidate.
+                return None, None
+            current = self._lease(name, [1, *reply[1:]])
+            assert current is not None
+            if len(reply) > 11:
+                current.read_at = to_time(reply[11])
+            return None, current
+        lease = self._lease(name, reply)
+        assert lease is not None
+        taken_over = bool(lease.previous_holder) and text(reply[8]) == "0"
+        if not taken_over:
+            lease.previous_holder = ""
+        self._record(
+            EventKind.TAKEN_OVER if taken_over else EventKind.ACQUIRED,
+            lease,
+            lease.acquired_at,
+            detail=f"lease of {lease.previous_holder} had expired" if taken_over else "",
+        )
+        return lease, lease
+
+    def renew(self, lease: Lease, ttl: float) -> Lease | None:
+        reply = self._call(
+            self._renew,
+            lease.name,
+            lease.holder,
+            lease.token,
+            to_ms(ttl),
+            lease.name,
+            extra=(self.terms_key(),),
+        )
+        return self._renewed(lease.name, reply)
+
+    def release(self, lease: Lease) -> bool:
+        at = int(
+            self._call(
+                self._release,
+                lease.name,
+                lease.holder,
+                lease.token,
+                lease.name,
+                channel(self._channel_prefix, lease.name),
+                extra=(self.terms_key(),),
+            )
+        )
+        if at:
+            self._record(EventKind.RELEASED, lease, to_time(at))
+        return bool(at)
+
+    def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
+        reply = self._call(self._force_release, name)
+        lease = self._lease(name, reply)
+        if lease is not None:
+            self._record(
+                EventKind.FORCED_RELEASE, lease, to_time(reply[9]), detail=detail, actor=actor
+            )
+        return lease
+
+    def read(self, name: str) -> Lease | None:
+        reply = self._call(self._read, name)
+        lease = self._lease(name, reply)
+        if lease is not None:
+            lease.read_at = to_time(reply[9])
+        return lease
+
+    def names(self) -> list[str]:
+        import redis
+
+        pattern = str(self.cache.make_key("django_leader:{*}:meta"))
+        try:
+            keys = list(self.client.scan_iter(match=pattern, count=500))
+            found: set[str] = set()
+            for start in range(0, len(keys), 1000):  # pipelined: not a round trip per name
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys[start : start + 1000]:
+                    pipe.hget(key, "name")
+                found.update(text(name) for name in pipe.execute() if name is not None)
+        except redis.RedisError as exc:
+            raise self.unavailable(exc) from exc
+        return sorted(found)
+
+    def request_handover(
+        self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""
+    ) -> Lease | None:
+        reply = self._call(self._handover, name, to, to_ms(window))
+        lease = self._lease(name, reply)
+        at = to_time(reply[9]) if lease is not None else to_time(reply[1])
+        self._record(
+            EventKind.HANDOVER,
+            lease or Lease(name, "", 0, None, None, None, 0),
+            at,
+            detail=detail or f"to {to}",
+            actor=actor,
+        )
+        return lease

@@ -1,0 +1,152 @@
+"""What every part of the Redis backend shares: the cache and its bounded client, the
+registered Lua scripts, the key names, a script call that turns Redis's errors into
+:class:`~django_leader.exceptions.BackendUnavailable`, and the decoding of a script's
+reply into a :class:`~django_leader.lease.Lease`."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django.core.cache import caches
+
+from django_leader.backends.base import Backend
+from django_leader.backends.history import HistoryWriter, WrittenAfterwards
+from django_leader.backends.redis.client import bounded, redis_client
+from django_leader.backends.redis.scripts import (
+    ACQUIRE,
+    ANNOUNCE,
+    CANDIDATES,
+    FORCE_RELEASE,
+    HANDOVER,
+    READ,
+    RELEASE,
+    RENEW,
+    RENEW_MANY,
+)
+from django_leader.backends.wakeups import WakeHub
+from django_leader.conf import get_settings
+from django_leader.exceptions import BackendUnavailable
+from django_leader.lease import Lease
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+
+
+def to_time(value: Any) -> datetime:
+    """A time a script answered (server microseconds since the epoch) as a datetime."""
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+def text(value: Any) -> str:
+    """A string a script answered (bytes or not) as a str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def to_ms(seconds: float) -> int:
+    """A ttl or window in whole milliseconds for a script, at least 1."""
+    return max(1, round(seconds * 1000))
+
+
+class RedisStore(WrittenAfterwards, Backend):
+    """The Redis behind ``DJANGO_LEADER["CACHE"]`` (default ``"default"``), as the parts of
+    :class:`~django_leader.backends.redis.RedisBackend` use it."""
+
+    def __init__(self, cache: str | None = None, *, timeout: float | None = None) -> None:
+        conf = get_settings()
+        self.alias = cache or conf.cache
+        self.cache = caches[self.alias]
+        self.client = bounded(redis_client(self.cache), timeout or conf.timing.call_timeout)
+        self.history_database = conf.database if conf.history else None
+        self._history = HistoryWriter(conf.database) if conf.history else None
+        self._acquire = self.client.register_script(ACQUIRE)
+        self._renew = self.client.register_script(RENEW)
+        self._renew_many = self.client.register_script(RENEW_MANY)
+        self._release = self.client.register_script(RELEASE)
+        self._force_release = self.client.register_script(FORCE_RELEASE)
+        self._read = self.client.register_script(READ)
+        self._announce = self.client.register_script(ANNOUNCE)
+        self._candidates = self.client.register_script(CANDIDATES)
+        self._handover = self.client.register_script(HANDOVER)
+        self._hub: WakeHub | None = None
+        self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
+
+    # -- key names ----------------------------------------------------------------------------
+    def keys(self, name: str, parts: tuple[str, ...] = ("lease", "meta")) -> list[str]:
+        """The lease and meta keys of ``name`` (same hash tag, so one Cluster slot)."""
+        tag = (
+            name
+            if "{" not in name and "}" not in name
+            else hashlib.sha256(name.encode()).hexdigest()
+        )
+        return [str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}")) for part in parts]
+
+    def store_key(self) -> str:
+        """The store marker: which server process last wrote, and any lock-delay running."""
+        return str(self.cache.make_key("django_leader:store"))
+
+    def terms_key(self) -> str:
+        """A hash of every lease name to the end of its last term (server microseconds)."""
+        return str(self.cache.make_key("django_leader:terms"))
+
+    @property
+    def _channel_prefix(self) -> str:
+        return str(self.cache.make_key("django_leader"))
+
+    # -- calls ----------------------------------------------------------------------------------
+    def unavailable(self, exc: Exception) -> BackendUnavailable:
+        """The error a caller sees for Redis's ``exc`` (raise it ``from exc``)."""
+        return BackendUnavailable(f"redis cache {self.alias!r}: {exc}")
+
+    def now(self) -> datetime:
+        """The Redis server's clock (``TIME``)."""
+        import redis
+
+        try:
+            seconds, microseconds = self.client.time()
+        except redis.RedisError as exc:
+            raise self.unavailable(exc) from exc
+        return datetime.fromtimestamp(int(seconds), dt_timezone.utc).replace(
+            microsecond=int(microseconds)
+        )
+
+    def _call(
+        self,
+        script: Any,
+        name: str,
+        *args: Any,
+        parts: tuple[str, ...] = ("lease", "meta"),
+        extra: tuple[str, ...] = (),
+    ) -> Any:
+        import redis
+
+        try:
+            return script(keys=[*self.keys(name, parts), *extra], args=list(args))
+        except redis.RedisError as exc:
+            raise self.unavailable(exc) from exc
+
+    # -- replies --------------------------------------------------------------------------------
+    def _lease(self, name: str, reply: Any) -> Lease | None:
+        if not reply or int(reply[0]) == 0:
+            return None
+        _, holder, token, acquired, renewed, expires, transitions, previous = reply[:8]
+        return Lease(
+            name=name,
+            holder=text(holder),
+            token=int(token),
+            transitions=int(transitions),
+            acquired_at=to_time(acquired),
+            renewed_at=to_time(renewed),
+            expires_at=to_time(expires),
+            previous_holder=text(previous),
+        )
+
+    def _renewed(self, name: str, reply: Any) -> Lease | None:
+        """The lease a renewal script answered (with its standing hand-over request), or
+        None if it refused."""
+        renewed = self._lease(name, reply)
+        if renewed is not None and len(reply) > 9:
+            renewed.handover_to = text(reply[9])
+        return renewed
