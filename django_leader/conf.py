@@ -11,6 +11,7 @@ import math
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_DELAY": None,
     "ELECTION_MODE": "race",
     "ZOOKEEPER": None,
-    # django_leader.tasks: entry name -> {"task", "every", ...} (validated there)
+    # django_leader.tasks: entry name -> {"task", "every", ...} (its check is registered there)
     "TASKS_SCHEDULE": {},
 }
 
@@ -164,6 +165,20 @@ class ZooKeeperSettings:
     acl: str | tuple[str, ...] | None
 
 
+#: Checks of the keys that belong to a feature (key -> a callable raising
+#: ImproperlyConfigured), registered by the feature itself (``django_leader.tasks``
+#: registers ``TASKS_SCHEDULE``'s): the settings import no feature.
+_setting_checks: dict[str, Callable[[Any], object]] = {}
+
+
+def register_setting_check(key: str, check: Callable[[Any], object]) -> None:
+    """Have :func:`get_settings` call ``check`` with ``DJANGO_LEADER[key]`` when it is set
+    (not empty); ``check`` raises ImproperlyConfigured naming what is wrong."""
+    global _cached
+    _setting_checks[key] = check
+    _cached = None  # settings read before the check was known are checked again
+
+
 def _build() -> LeaderSettings:
     raw = getattr(django_settings, "DJANGO_LEADER", None)
     if raw is None:
@@ -214,10 +229,9 @@ def _build() -> LeaderSettings:
             f"got {lock_delay!r}"
         )
     zookeeper = _validate_zookeeper(conf["ZOOKEEPER"])
-    if conf["TASKS_SCHEDULE"]:
-        from .tasks.schedule import load_schedule
-
-        load_schedule(conf["TASKS_SCHEDULE"])  # ImproperlyConfigured naming the entry
+    for key, check in _setting_checks.items():
+        if conf[key]:
+            check(conf[key])  # ImproperlyConfigured naming the key and the rule
     from .election import validate_mode
 
     try:

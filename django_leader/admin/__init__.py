@@ -21,7 +21,8 @@ holds:
 
 =================== ======================================================================
 ``store``           where the admin reads leases and history, and the store's clock
-``leases``          ``LeaseAdmin``: the list, its state filter, a lease's page, force release
+``leases``          ``LeaseAdmin``: the list, its state filter, a lease's page
+``actions``         force release and hand-over (``LeaseActions``, mixed into ``LeaseAdmin``)
 ``live``            the lease list of a store that is not the database, read live
 ``dashboard``       every lease on one page, read through the backend contract
 ``alerts``          the dashboard's alerts: no leader, flapping (pure logic)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib.admin import ModelAdmin
 from django.contrib.admin.utils import quote
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -28,9 +29,6 @@ from ..models import LeaseEvent
 from . import alerts, periods
 from .constants import DASHBOARD_LEASES, FLAPPING_TRANSITIONS, FLAPPING_WINDOW
 from .store import Store
-
-if TYPE_CHECKING:
-    from .leases import LeaseAdmin
 
 
 @dataclass
@@ -102,7 +100,7 @@ def read_lease(
     return row
 
 
-def dashboard_view(model_admin: LeaseAdmin, request: HttpRequest) -> HttpResponse:
+def dashboard_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> HttpResponse:
     """Every lease (up to :data:`DASHBOARD_LEASES`, those matching ``?q=``), alerts first."""
     store = Store.current()
     site = model_admin.admin_site.name

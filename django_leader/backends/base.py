@@ -285,5 +285,23 @@ class Backend(ABC):
         it must not need the store to be reachable. The default finds nothing."""
         return []
 
+    # -- reachability -----------------------------------------------------------------------
+    def ping(self, timeout: float) -> float:
+        """Seconds one round trip to the store took, within ``timeout``; else
+        :class:`~django_leader.exceptions.BackendUnavailable`. Optional: the default raises
+        :class:`~django_leader.exceptions.NotSupportedError`."""
+        raise NotSupportedError(f"{type(self).__name__} cannot be pinged")
+
+    @classmethod
+    def answers_ping(cls) -> bool:
+        """True if the store implements :meth:`ping`: the database-tagged system check
+        (W017) then asks it whether it answers within the connect timeout."""
+        return cls.ping is not Backend.ping
+
+    def shutdown(self) -> None:
+        """Release everything this instance holds open (a store with a session of its own
+        ends it); the default closes the calling thread's connection."""
+        self.close()
+
     def close(self) -> None:  # noqa: B027
         """Close the calling thread's connection to the store, if any."""

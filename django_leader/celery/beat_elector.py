@@ -4,13 +4,12 @@ leadership changes and is the ``sender`` of their signals."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from celery.beat import Scheduler
 
 from ..elector import Elector
 from ..lease import Lease, LossReason
-
-if TYPE_CHECKING:
-    from .beat import LeaderScheduler
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -22,7 +21,7 @@ class BeatElector(Elector):
     signals for the beat's leadership changes (``sender.scheduler`` is the scheduler).
     """
 
-    def __init__(self, scheduler: LeaderScheduler, name: str, **kwargs: Any) -> None:
+    def __init__(self, scheduler: Scheduler, name: str, **kwargs: Any) -> None:
         self.scheduler = scheduler
         super().__init__(name, **kwargs)
 

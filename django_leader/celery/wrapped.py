@@ -8,33 +8,48 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from celery.beat import Scheduler
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
+from ..backends.slots import Slot
 from ..conf import get_settings
 from ..lease import Lease
 
-if TYPE_CHECKING:
-    from .beat import LeaderScheduler
-
 logger = logging.getLogger("django_leader.celery")
+
+
+class SlotOwner(Protocol):
+    """What the wrapped scheduler asks of the
+    :class:`~django_leader.celery.LeaderScheduler` that built it."""
+
+    #: True on a scheduler that wraps another one (LeaderScheduler and its subclasses):
+    #: ``BEAT_SCHEDULER`` must not name one.
+    wraps_a_scheduler: ClassVar[bool]
+
+    def _adopt(self, entry: Any) -> None: ...
+
+    def _take_slot(
+        self, inner: Any, entry: Any, advance: bool
+    ) -> tuple[Any, Lease, Slot] | None: ...
+
+    def _sent(self, lease: Lease, slot: Slot) -> None: ...
 
 
 class _LeaderMixin:
     """Mixed into the wrapped scheduler's class: every send goes through its LeaderScheduler,
     and schedule state is written back only while the lease it was built under is held."""
 
-    _dl_owner: LeaderScheduler | None
+    _dl_owner: SlotOwner | None
     _dl_lease: Lease | None
 
     def __init__(
         self,
         *args: Any,
-        _dl_owner: LeaderScheduler | None = None,
+        _dl_owner: SlotOwner | None = None,
         _dl_lease: Lease | None = None,
         **kwargs: Any,
     ) -> None:
@@ -121,9 +136,7 @@ def wrapped_scheduler_class(path: str | None = None) -> type[Scheduler]:
         raise ImproperlyConfigured(
             f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is not a celery.beat.Scheduler subclass"
         )
-    from .beat import LeaderScheduler  # which imports this module
-
-    if issubclass(cls, (LeaderScheduler, _LeaderMixin)):
+    if getattr(cls, "wraps_a_scheduler", False) or issubclass(cls, _LeaderMixin):
         raise ImproperlyConfigured(
             f"DJANGO_LEADER['BEAT_SCHEDULER'] {path!r} is a LeaderScheduler: it must name "
             "the scheduler LeaderScheduler wraps (e.g. 'celery.beat:PersistentScheduler')"

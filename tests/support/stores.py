@@ -100,7 +100,7 @@ def open_store(store_id: str) -> Iterator[Any]:
         store = zookeeper_backend()
         yield store
         store.flush_history(10)
-        store.shutdown()  # type: ignore[attr-defined]
+        store.shutdown()
         return
     if store_id in DATABASE_STORES:
         from django_leader.backends.db import DatabaseBackend
