@@ -3,7 +3,10 @@
 The campaign, the renewals and the local deadline run in threads (an Elector's, the
 session's), whatever the event loop does; this module only carries what coroutines must
 hear or run: a coroutine ``work(lease)`` run as a task and cancelled when the lease is
-lost, coroutine callbacks, and waits that wake a loop from another thread.
+lost, and coroutine callbacks. The waits that wake a loop from another thread are
+:mod:`django_leader.waits`' (below the Lease, which waits with them too); they are named
+here as well, for the electors. The decisions of a term that a coroutine awaits are the
+steps of :mod:`django_leader.core`, driven by its asyncio driver.
 """
 
 from __future__ import annotations
@@ -13,13 +16,24 @@ import concurrent.futures
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-if TYPE_CHECKING:
-    from .lease import Lease
+from .lease import Lease, _use_lease
+from .waits import wait_event, wakeable
 
 logger = logging.getLogger("django_leader")
+
+__all__ = [
+    "Awaited",
+    "bounded",
+    "call_back",
+    "lead",
+    "run_term",
+    "running_loop",
+    "terms_of",
+    "wait_event",
+    "wakeable",
+]
 
 T = TypeVar("T")
 
@@ -30,35 +44,6 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait for ``event`` up to ``timeout`` seconds; whether it was set.
-
-    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12, that swallows a
-    cancellation of the waiting task that arrives together with the event (the task then
-    goes on as if nothing happened). ``asyncio.wait`` never does."""
-    if event.is_set():
-        return True
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        done, _ = await asyncio.wait({waiter}, timeout=timeout)
-    finally:
-        waiter.cancel()
-    return bool(done)
-
-
-def wakeable() -> tuple[asyncio.Event, Callable[[], None]]:
-    """An event of the running loop, and a function any thread may call to set it there
-    (a no-op once the loop is closed: nobody waits any more)."""
-    loop = asyncio.get_running_loop()
-    event = asyncio.Event()
-
-    def wake() -> None:
-        with suppress(RuntimeError):
-            loop.call_soon_threadsafe(event.set)
-
-    return event, wake
 
 
 #: The running work tasks of each elector (what ``stop()`` called from the work must not
@@ -75,8 +60,6 @@ async def lead(work: Awaitable[T], lease: Lease, owner: object) -> T | None:
     """Await ``work`` (one term's coroutine, of elector ``owner``) as a task with
     ``current_lease()`` set, and cancel it when ``lease`` is lost; None if it was
     cancelled so."""
-
-    from .lease import _use_lease
 
     async def with_lease() -> T:
         with _use_lease(lease):

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from contextlib import suppress
 from typing import Any, Protocol, TypeVar
@@ -205,11 +205,11 @@ class StoreCaller:
         """``fn(*args)`` on the worker; ``TimeoutError`` if it takes longer than ``timeout``
         (then it is left behind: ``on_late(result)`` runs should it succeed after all)."""
         call = self._submit(fn, args, timeout, on_late)
-        if not self._wait(call, timeout):
-            raise TimeoutError(
-                f"store call {getattr(fn, '__name__', fn)} still running after {timeout:.2f}s"
-            )
-        result: T = call.future.result()
+        for wait in self._waits(call, timeout):
+            with self._cond:
+                if not call.finished:  # else it was, and notified, while we looked
+                    self._cond.wait(wait)
+        result: T = call.future.result()  # being set, if not yet
         return result
 
     async def acall(
@@ -224,23 +224,12 @@ class StoreCaller:
         be cancelled, the call is given up: ``on_late(result)`` runs (on the worker) should
         it succeed after all, or right away if it already had."""
         call = self._submit(fn, args, timeout, on_late)
-        give_up = clock() + max(0.0, timeout)
         done = asyncio.wrap_future(call.future)
         try:
-            while not done.done():
-                with self._cond:
-                    now = clock()
-                    if now >= give_up:
-                        if not call.finished:
-                            self._give_up(call)
-                            raise TimeoutError(
-                                f"store call {getattr(fn, '__name__', fn)} still running "
-                                f"after {timeout:.2f}s"
-                            )
-                        wake = now + 0.001  # finished: its future is being set
-                    else:
-                        wake = self._next_check(call, now, give_up)
-                await asyncio.wait({done}, timeout=max(0.0, wake - now))
+            for wait in self._waits(call, timeout):
+                if not done.done():
+                    await asyncio.wait({done}, timeout=wait)
+            result: T = await done  # being set, if not yet
         except asyncio.CancelledError:
             # Nobody will act on the outcome: hand it to on_late, as for a late answer.
             done.add_done_callback(_swallow)
@@ -253,8 +242,28 @@ class StoreCaller:
             if answered and on_late is not None:
                 self.submit(on_late, future.result())
             raise
-        result: T = done.result()
         return result
+
+    def _waits(self, call: _Call, timeout: float) -> Generator[float, None, None]:
+        """How long a waiter of ``call`` should wait, again and again, until the call has
+        finished: until its give-up time, or until the call running ahead of it outlives
+        its bound (then, moved to a new worker, ``call`` waits for no hung one).
+        ``TimeoutError`` once ``timeout`` passes: the call is given up, left behind if it
+        runs. Written once for :meth:`call` and :meth:`acall`."""
+        give_up = clock() + max(0.0, timeout)
+        while True:
+            with self._cond:
+                if call.finished:
+                    return
+                now = clock()
+                if now >= give_up:
+                    self._give_up(call)
+                    raise TimeoutError(
+                        f"store call {getattr(call.fn, '__name__', call.fn)} still running "
+                        f"after {timeout:.2f}s"
+                    )
+                wait = self._next_check(call, now, give_up) - now
+            yield max(0.0, wait)
 
     def _next_check(self, call: _Call, now: float, give_up: float) -> float:
         """When a waiter of ``call`` should look again (call with ``_cond`` held): at its
@@ -306,20 +315,6 @@ class StoreCaller:
                 worker.queue.append(call)
             self._cond.notify_all()
             return call
-
-    def _wait(self, call: _Call, timeout: float) -> bool:
-        """Wait for ``call`` up to ``timeout``, moving it off a worker whose running call
-        hangs; False (the call given up, left behind if it runs) if it did not finish."""
-        give_up = clock() + max(0.0, timeout)
-        with self._cond:
-            while True:
-                if call.finished:
-                    return True
-                now = clock()
-                if now >= give_up:
-                    self._give_up(call)
-                    return False
-                self._cond.wait(max(0.0, self._next_check(call, now, give_up) - now))
 
     def _new_worker(self) -> _Worker:
         self._workers += 1

@@ -12,8 +12,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Protocol, TypeVar
 
-from . import aio
 from .exceptions import LeadershipLost
+from .waits import wait_event, wakeable
 
 
 class EventKind(str, Enum):
@@ -204,7 +204,7 @@ class Lease:
         deadline) whatever the loop is doing; this only hears of it."""
         if self.lost.is_set():
             return True
-        woken, wake = aio.wakeable()
+        woken, wake = wakeable()
         with self._lock:
             if self.lost.is_set():
                 return True
@@ -223,7 +223,7 @@ class Lease:
                 if self.deadline is not None:  # look again as the deadline passes
                     until_deadline = max(0.0, self.deadline - now) + 0.001
                     wait = until_deadline if wait is None else min(wait, until_deadline)
-                await aio.wait_event(woken, wait)
+                await wait_event(woken, wait)
         finally:
             with self._lock, suppress(ValueError):
                 self._waiters.remove(wake)

@@ -1,7 +1,9 @@
 """``lock()`` and ``alock()``: a term held for a ``with`` / ``async with`` block, reentrant
 per thread and asyncio task.
 
-The term itself (grant, renewal, release, signals) is :mod:`django_leader.term`'s.
+The term itself (grant, renewal, release, signals) is :mod:`django_leader.term`'s. Entering
+a block is written once, as steps (:mod:`django_leader.core`) that ``with`` drives in its
+thread and ``async with`` in its task.
 """
 
 from __future__ import annotations
@@ -15,38 +17,18 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import aio, jitter
+from . import jitter
 from .backends.base import Backend, Watch
 from .caller import Caller
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
+from .core import REARM, Listen, Pause, Steps, arun, run
 from .exceptions import BackendUnavailable, LeaseHeld
 from .lease import Lease, clock
 from .session import Session
 from .session import session as session_of
-from .term import (
-    Renewer,
-    StoreCaller,
-    Term,
-    aattempt,
-    acquire_once,
-    attempt,
-    call_bound,
-    log_extra,
-    resolve_backend,
-)
+from .term import Term, attempting, call_bound, resolve_backend
 
-# Where they lived before term.py: kept importable from here.
-__all__ = [
-    "Lock",
-    "Renewer",
-    "StoreCaller",
-    "acquire_once",
-    "alock",
-    "call_bound",
-    "lock",
-    "log_extra",
-    "resolve_backend",
-]
+__all__ = ["Lock", "alock", "lock"]
 
 #: Who holds a hold: (process id, thread, asyncio task or None).
 _Owner = tuple[int, threading.Thread, "asyncio.Task[Any] | None"]
@@ -144,22 +126,23 @@ class Lock:
         return f"<Lock {self.name!r}>"
 
     def __enter__(self) -> Lease:
-        owner = _owner()
-        outer = _holds.get().get(self.name)
-        if outer is not None and outer.owned_by(owner):
-            return self._reenter(outer)
-        caller = self._caller()
-        return self._hold(self._acquire(caller), caller, owner, outer)
+        return run(self._entering())
 
     async def __aenter__(self) -> Lease:
         """``async with``: as ``with``, but waiting and store calls never block the event
         loop; reentrant per asyncio task (see :func:`~django_leader.alock`)."""
+        return await arun(self._entering())
+
+    def _entering(self) -> Steps[Lease]:
+        """The steps of entering the block: a nested block re-enters its owner's hold, an
+        outer one acquires and holds."""
         owner = _owner()
         outer = _holds.get().get(self.name)
         if outer is not None and outer.owned_by(owner):
             return self._reenter(outer)
         caller = self._caller()
-        return self._hold(await self._aacquire(caller), caller, owner, outer)
+        lease = yield from self._acquiring(caller)
+        return self._hold(lease, caller, owner, outer)
 
     def _reenter(self, outer: _Hold) -> Lease:
         outer.lease.check()
@@ -191,40 +174,21 @@ class Lock:
         term.signal_elected()
         return lease
 
-    def _acquire(self, caller: Caller) -> Lease:
+    def _acquiring(self, caller: Caller) -> Steps[Lease]:
         """Acquire, waiting while blocking: woken by the store when the lease is released
-        (PostgreSQL, Redis), else trying every ``retry_interval``."""
+        (PostgreSQL, Redis), else trying every ``retry_interval``. Given up (a timeout, a
+        cancelled task), it leaves nothing held."""
         give_up = None if self.timeout is None else clock() + self.timeout
-        woken = threading.Event()
         watch: Watch | None = None
         try:
             while True:
-                woken.clear()  # a release from now on wakes the wait below
-                lease, pause = self._attempt(caller, give_up)
+                yield REARM  # a release from now on wakes the wait below
+                lease, pause = yield from self._attempting(caller, give_up)
                 if lease is not None:
                     return lease
                 if watch is None:
-                    watch = self._watch(woken.set)
-                woken.wait(pause)
-        finally:
-            if watch is not None:
-                watch.close()
-
-    async def _aacquire(self, caller: Caller) -> Lease:
-        """:meth:`_acquire` for a coroutine: the wait for a release is an ``asyncio``
-        wait, woken from the store's watch thread. Cancelled, it leaves nothing held."""
-        give_up = None if self.timeout is None else clock() + self.timeout
-        woken, wake = aio.wakeable()
-        watch: Watch | None = None
-        try:
-            while True:
-                woken.clear()
-                lease, pause = await self._aattempt(caller, give_up)
-                if lease is not None:
-                    return lease
-                if watch is None:
-                    watch = self._watch(wake)
-                await aio.wait_event(woken, pause)
+                    watch = yield Listen(self._watch)
+                yield Pause(pause)
         finally:
             if watch is not None:
                 watch.close()
@@ -237,23 +201,14 @@ class Lock:
             watch = None
         return watch if watch is not None else _Polling()
 
-    def _attempt(self, caller: Caller, give_up: float | None) -> tuple[Lease | None, float]:
+    def _attempting(
+        self, caller: Caller, give_up: float | None
+    ) -> Steps[tuple[Lease | None, float]]:
         """One acquisition: the lease, or (None, how long to wait before the next); raises
         ``LeaseHeld`` when not blocking or out of time."""
         bound = self._bound(give_up)
         try:
-            granted = attempt(
-                self.backend, caller, self.name, self.identity, self.timing, bound, self._label
-            )
-        except TimeoutError:
-            raise self._unanswered(bound) from None
-        return self._outcome(*granted, give_up)
-
-    async def _aattempt(self, caller: Caller, give_up: float | None) -> tuple[Lease | None, float]:
-        """:meth:`_attempt` for a coroutine."""
-        bound = self._bound(give_up)
-        try:
-            granted = await aattempt(
+            granted = yield from attempting(
                 self.backend, caller, self.name, self.identity, self.timing, bound, self._label
             )
         except TimeoutError:

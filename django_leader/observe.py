@@ -1,15 +1,17 @@
-"""``observe(name)``: follow who leads a name without campaigning (etcd's ``Observe``)."""
+"""``observe(name)``: follow who leads a name without campaigning (etcd's ``Observe``).
+
+Following is written once, as steps (:mod:`django_leader.core`) that ``for`` drives in
+its thread and ``async for`` in its task."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import AsyncGenerator, Generator
 from types import TracebackType
 
-from . import aio
 from .backends.base import Backend
 from .conf import resolve_timing, validate_name
+from .core import REARM, Call, Emit, Listen, Pause, Steps, aiterate, iterate
 from .exceptions import BackendUnavailable
 from .lease import Lease
 from .term import StoreCaller, call_bound, resolve_backend
@@ -46,7 +48,7 @@ class Observation:
         if self._async is not None:
             raise RuntimeError(f"{self!r} is iterated with async for already")
         if self._sync is None:
-            self._sync = self._follow()
+            self._sync = iterate(self._following())
         return self._sync
 
     def __next__(self) -> Lease | None:
@@ -68,33 +70,12 @@ class Observation:
     ) -> None:
         self.close()
 
-    def _follow(self) -> Generator[Lease | None, None, None]:
-        woken = threading.Event()
-        watch = self.backend.watch(self.name, woken.set)
-        caller = StoreCaller(self.backend, f"{self.name}:observe")
-        bound = call_bound(self.timing)
-        try:
-            while True:
-                woken.clear()
-                try:
-                    lease = caller.call(bound, self.backend.read, self.name)
-                except (BackendUnavailable, TimeoutError) as exc:
-                    self._unreadable(exc)
-                else:
-                    if self._changed(lease):
-                        yield lease
-                woken.wait(self.interval)
-        finally:
-            if watch is not None:
-                watch.close()
-            caller.close()
-
     # -- asynchronous ---------------------------------------------------------------------
     def __aiter__(self) -> AsyncGenerator[Lease | None, None]:
         if self._sync is not None:
             raise RuntimeError(f"{self!r} is iterated with for already")
         if self._async is None:
-            self._async = self._afollow()
+            self._async = aiterate(self._following())
         return self._async
 
     async def __anext__(self) -> Lease | None:
@@ -116,28 +97,30 @@ class Observation:
     ) -> None:
         await self.aclose()
 
-    async def _afollow(self) -> AsyncGenerator[Lease | None, None]:
-        woken, wake = aio.wakeable()
-        watch = self.backend.watch(self.name, wake)
+    # -- both -----------------------------------------------------------------------------
+    def _following(self) -> Steps[None]:
+        """The steps of following the name: read it when woken by the store or every
+        ``interval``, emitting each change (see :func:`observe`)."""
         caller = StoreCaller(self.backend, f"{self.name}:observe")
-        bound = call_bound(self.timing)
+        watch = None
         try:
+            watch = yield Listen(lambda wake: self.backend.watch(self.name, wake))
+            bound = call_bound(self.timing)
             while True:
-                woken.clear()
+                yield REARM
                 try:
-                    lease = await caller.acall(bound, self.backend.read, self.name)
+                    lease = yield Call(caller, bound, self.backend.read, (self.name,))
                 except (BackendUnavailable, TimeoutError) as exc:
                     self._unreadable(exc)
                 else:
                     if self._changed(lease):
-                        yield lease
-                await aio.wait_event(woken, self.interval)
+                        yield Emit(lease)
+                yield Pause(self.interval)
         finally:
             if watch is not None:
                 watch.close()
             caller.close()
 
-    # -- both -----------------------------------------------------------------------------
     def _unreadable(self, exc: Exception) -> None:
         if not self._failing:
             logger.warning("observing %r: cannot read the store: %s", self.name, exc)

@@ -1,16 +1,14 @@
 """Sessions: one renewal loop per process and store for every lease the process holds.
 
 etcd's ``concurrency.Session``, ZooKeeper's session and Consul's session keep many keys
-alive with one heartbeat. A :class:`Session` does the same for leases: every
-``django_leader.term.Renewer`` of a process on one backend (the renewals of
-``lock()``, :class:`~django_leader.Elector` and ``singleton_task``) registers with it, and
-one thread renews all those that are due together, in one
-:meth:`~django_leader.backends.base.Backend.renew_many` call per ttl — one round trip for
-all of them where the store can batch. Each lease keeps its own local deadline, token and
-loss: the loop marks a lease lost when *its* renewal is refused or *its* deadline passes
-(even while a batch is in flight), and one lease refused never costs the others theirs;
-nor does one whose row is locked by its holder's ``fenced()`` (the batch answers the
-others; that one is tried again alone, ``RenewedInPart``).
+alive with one heartbeat. A :class:`Session` does the same for leases: every renewer of a
+process on one backend (``lock()``, :class:`~django_leader.Elector`, ``singleton_task``)
+registers with it, and one thread renews all those that are due together, in one
+:meth:`~django_leader.backends.base.Backend.renew_many` call per ttl (one round trip where
+the store can batch). Each lease keeps its own local deadline, token and loss: the loop
+marks a lease lost when *its* renewal is refused or *its* deadline passes (even while a
+batch is in flight); one lease refused, or whose row its holder's ``fenced()`` locks (the
+others are answered; it is tried again alone, ``RenewedInPart``), costs no other its own.
 
 A session owns two threads and one store connection, whatever the number of leases:
 
@@ -36,17 +34,15 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import hooks, jitter
 from .backends.base import Backend
 from .backends.partial import RenewedInPart
 from .caller import StoreCaller
+from .conf import Timing
 from .exceptions import BackendUnavailable
 from .lease import Lease, LossReason, clock
-
-if TYPE_CHECKING:
-    from .term import Renewer
 
 logger = logging.getLogger("django_leader")
 
@@ -56,7 +52,18 @@ T = TypeVar("T")
 IDLE_TIMEOUT = 30.0
 
 
-_Loss = tuple["Renewer", LossReason]
+class Renewer(Protocol):
+    """What the session needs of a lease it renews (``django_leader.term.Renewer``)."""
+
+    lease: Lease
+    timing: Timing
+    next_renew: float  # these two: the session's, changed under its lock
+    in_flight: bool
+
+    @property
+    def deadline(self) -> float: ...
+    def renewed(self, renewed: Lease, sent: float, took: float) -> bool: ...
+    def _lost_in_session(self, cause: LossReason, detail: str = "") -> None: ...
 
 
 class _Batch:
@@ -77,23 +84,14 @@ class _Batch:
     def hung(self, now: float) -> bool:
         """Running past its bound (and not left behind yet)."""
         future = self.future
-        return (
-            not self.left
-            and now >= self.bound
-            and future is not None
-            and future.running()
-            and not future.done()
-        )
+        running = future is not None and future.running() and not future.done()
+        return running and not self.left and now >= self.bound
 
     def waiting(self, now: float) -> bool:
         """Queued past its patience, behind another call."""
         future = self.future
-        return (
-            future is not None
-            and not future.running()
-            and not future.done()
-            and (now >= self.patience)
-        )
+        queued = future is not None and not future.running() and not future.done()
+        return queued and now >= self.patience
 
 
 class Session:
@@ -273,11 +271,13 @@ class Session:
             and clock() - self._last_use >= IDLE_TIMEOUT
         )
 
-    def _scan(self, now: float) -> tuple[list[_Loss], dict[float, list[Renewer]]]:
+    def _scan(
+        self, now: float
+    ) -> tuple[list[tuple[Renewer, LossReason]], dict[float, list[Renewer]]]:
         """The renewers whose deadline passed (removed), and those to renew now, by ttl: the
         due ones and, with them, those due within half their renew interval (renewed a
         little early, they join the same batch from then on)."""
-        lost: list[_Loss] = []
+        lost: list[tuple[Renewer, LossReason]] = []
         due: dict[float, list[Renewer]] = {}
         for renewer in list(self._renewers):
             if now >= renewer.deadline:

@@ -9,7 +9,8 @@ too late to be acted on is handed back here). A :class:`Term` then keeps it: its
 (:meth:`Term.step_down`) or loses it, and :meth:`Term.end` stops the renewals, releases the
 lease within the bound of a store call, logs and sends the signals. Store calls run on a
 :class:`~django_leader.caller.StoreCaller` (a ``lock()``'s on its session's): none of them
-can hang the holder.
+can hang the holder. The grant and the end of a term are written once, as steps
+(:mod:`django_leader.core`) that a thread or a coroutine drives.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import backends, hooks, signals
 from .backends.base import Backend
 from .caller import Caller, StoreCaller
 from .conf import Timing
+from .core import NOW, Call, Steps, arun, awaiting, blocking, run, stamped
 from .exceptions import BackendUnavailable
 from .lease import EventKind, Lease, LossReason, clock
 from .session import Session
@@ -35,8 +37,10 @@ __all__ = [
     "Renewer",
     "StoreCaller",
     "Term",
+    "aattempt",
     "acquire_once",
     "attempt",
+    "attempting",
     "call_bound",
     "hand_back",
     "log_extra",
@@ -62,20 +66,25 @@ def call_bound(timing: Timing) -> float:
 
 
 # -- the grant ----------------------------------------------------------------------------
+def _granted(backend: Backend, acquired: Lease, sent: float, timing: Timing) -> Lease:
+    """A granted lease made held: its local deadline counts from ``sent``, when the request
+    was sent (the store may have counted its ttl from any time after), and it carries what
+    its ``fenced()`` needs."""
+    acquired.deadline = sent + timing.ttl - timing.safety_margin
+    acquired._fence = backend.fenced
+    return acquired
+
+
 def acquire_once(
     backend: Backend, name: str, holder: str, timing: Timing
 ) -> tuple[Lease | None, Lease | None]:
     """One acquisition attempt; the lease it grants is held: it carries its local deadline
     and what its ``fenced()`` needs."""
-    sent = clock()
-    acquired, current = backend.acquire(name, holder, timing.ttl)
-    if acquired is not None:
-        acquired.deadline = sent + timing.ttl - timing.safety_margin
-        acquired._fence = backend.fenced
-    return acquired, current
+    sent, (acquired, current) = stamped(backend.acquire, name, holder, timing.ttl)
+    return None if acquired is None else _granted(backend, acquired, sent, timing), current
 
 
-def attempt(
+def attempting(
     backend: Backend,
     caller: Caller,
     name: str,
@@ -83,64 +92,65 @@ def attempt(
     timing: Timing,
     bound: float,
     label: str,
-) -> tuple[Lease | None, Lease | None]:
+) -> Steps[tuple[Lease | None, Lease | None]]:
     """One acquisition of ``name`` for ``identity`` on ``caller``: ``(granted, current)``
-    as :meth:`Backend.acquire <django_leader.backends.base.Backend.acquire>` says.
+    as :meth:`Backend.acquire <django_leader.backends.base.Backend.acquire>` says. Steps
+    (:mod:`django_leader.core`): :func:`attempt` runs them in a thread, :func:`aattempt`
+    in a coroutine (the event loop runs on while the store answers).
 
     Waited for at most ``bound`` seconds: ``TimeoutError`` after it (store errors
-    propagate). A grant that comes too late to be acted on is handed back — released, not
-    held unrenewed until it expires: one answered after its own local deadline here (and
-    reported as ``(None, None)``), one answered after the caller stopped waiting by the
-    thread left behind with the call, when it comes.
+    propagate). The local deadline of a grant counts from the sending of the request. A
+    grant that comes too late to be acted on is handed back — released, not held
+    unrenewed until it expires: one answered after its own local deadline here (and
+    reported as ``(None, None)``), one answered after the caller stopped waiting (or its
+    awaiting task was cancelled) by the thread left behind with the call, when it comes.
     """
-
-    acquired, current = caller.call(
-        bound, acquire_once, backend, name, identity, timing, on_late=_late_grant(backend, label)
+    sent, (acquired, current) = yield Call(
+        caller,
+        bound,
+        stamped,
+        (backend.acquire, name, identity, timing.ttl),
+        on_late=_late_grant(backend, label),
     )
-    if acquired is None or acquired.held:
+    if acquired is None:
+        return None, current
+    _granted(backend, acquired, sent, timing)
+    now = yield NOW
+    if now < _deadline(acquired):
         return acquired, current
     try:
-        caller.call(
-            call_bound(timing), hand_back, backend, acquired, label, "granted after its deadline"
+        yield Call(
+            caller,
+            call_bound(timing),
+            hand_back,
+            (backend, acquired, label, "granted after its deadline"),
         )
     except Exception as exc:  # then it expires after its ttl
         _not_handed_back(label, acquired, exc)
     return None, None
 
 
-async def aattempt(
-    backend: Backend,
-    caller: Caller,
-    name: str,
-    identity: str,
-    timing: Timing,
-    bound: float,
-    label: str,
-) -> tuple[Lease | None, Lease | None]:
-    """:func:`attempt` for a coroutine: the event loop runs on while the store answers. A
-    grant that comes after the awaiting task was cancelled is handed back."""
-    acquired, current = await caller.acall(
-        bound, acquire_once, backend, name, identity, timing, on_late=_late_grant(backend, label)
-    )
-    if acquired is None or acquired.held:
-        return acquired, current
-    try:
-        await caller.acall(
-            call_bound(timing), hand_back, backend, acquired, label, "granted after its deadline"
-        )
-    except Exception as exc:  # then it expires after its ttl
-        _not_handed_back(label, acquired, exc)
-    return None, None
+#: :func:`attempting` in the calling thread, blocking.
+attempt = blocking(attempting)
+#: :func:`attempting` in a coroutine, awaited.
+aattempt = awaiting(attempting)
+
+
+def _deadline(lease: Lease) -> float:
+    deadline = lease.deadline
+    assert deadline is not None
+    return deadline
 
 
 def _late_grant(
     backend: Backend, label: str
-) -> Callable[[tuple[Lease | None, Lease | None]], None]:
+) -> Callable[[tuple[float, tuple[Lease | None, Lease | None]]], None]:
     """What to do with an acquisition answered after its caller stopped waiting."""
 
-    def late(result: tuple[Lease | None, Lease | None]) -> None:
-        if result[0] is not None:
-            hand_back(backend, result[0], label, "granted after the attempt was given up")
+    def late(result: tuple[float, tuple[Lease | None, Lease | None]]) -> None:
+        acquired = result[1][0]
+        if acquired is not None:
+            hand_back(backend, acquired, label, "granted after the attempt was given up")
 
     return late
 
@@ -391,25 +401,20 @@ class Term:
         of a store call, log, and send ``lease_released`` — or ``leader_lost`` if it was
         not released (unless the loss was signalled already). True if released. Returns
         even while a renewal hangs; the caller is left open."""
-        self._stop_renewing()
-        released = False
-        if release:
-            try:
-                released = self.caller.call(
-                    call_bound(self.timing), self.backend.release, self.lease
-                )
-            except (BackendUnavailable, TimeoutError) as exc:
-                self._not_released(exc)
-        return self._ended(release, released)
+        return run(self.ending(release))
 
     async def aend(self, release: bool = True) -> bool:
         """:meth:`end` for a coroutine: the release is awaited, the event loop runs on."""
+        return await arun(self.ending(release))
+
+    def ending(self, release: bool = True) -> Steps[bool]:
+        """The steps of :meth:`end`."""
         self._stop_renewing()
         released = False
         if release:
             try:
-                released = await self.caller.acall(
-                    call_bound(self.timing), self.backend.release, self.lease
+                released = yield Call(
+                    self.caller, call_bound(self.timing), self.backend.release, (self.lease,)
                 )
             except (BackendUnavailable, TimeoutError) as exc:
                 self._not_released(exc)

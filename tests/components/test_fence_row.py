@@ -19,8 +19,8 @@ from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.conf import resolve_timing
 from django_leader.lease import Lease, clock
-from django_leader.locks import acquire_once
 from django_leader.models import LeaseFence
+from django_leader.term import acquire_once
 from django_leader.testing.contract import wait_until_expired
 from testproject.demoapp.models import FencedWrite
 from tests.support.stores import DATABASE_STORES, open_store, require, stores_db

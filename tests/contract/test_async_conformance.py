@@ -40,7 +40,7 @@ from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.conf import get_settings, resolve_timing
 from django_leader.lease import clock
-from django_leader.locks import acquire_once
+from django_leader.term import acquire_once
 from testproject.demoapp.models import FencedWrite
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db

@@ -74,7 +74,7 @@ def test_lease_survives_callers_rollback(db_alias: str, lease_name: str) -> None
 
 def test_fenced_write_commits_while_held(db_backend: Any, lease_name: str) -> None:
     from django_leader.conf import resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
     from testproject.demoapp.models import FencedWrite
 
     lease, _ = acquire_once(db_backend, lease_name, "alice", resolve_timing(30))
@@ -85,7 +85,7 @@ def test_fenced_write_commits_while_held(db_backend: Any, lease_name: str) -> No
 
 def test_fenced_write_rejected_after_takeover(db_backend: Any, lease_name: str) -> None:
     from django_leader.conf import resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
     from testproject.demoapp.models import FencedWrite
 
     lease, _ = acquire_once(db_backend, lease_name, "alice", resolve_timing(TTL))
@@ -101,7 +101,7 @@ def test_fenced_write_commits_with_every_store(backend: Any, lease_name: str) ->
     """Every store fences: the database with its lease row, the others with a fence row
     in the settings' database."""
     from django_leader.conf import get_settings, resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
     from testproject.demoapp.models import FencedWrite
 
     alias = get_settings().database
@@ -118,7 +118,7 @@ def test_fenced_uses_statement_time_inside_callers_transaction(
     """An outer transaction that began before the lease expired must not make it look
     unexpired (PostgreSQL's now() is the transaction's start time)."""
     from django_leader.conf import resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
 
     lease, _ = acquire_once(db_backend, lease_name, "alice", resolve_timing(TTL))
     with transaction.atomic(using=db_backend.alias):

@@ -28,7 +28,7 @@ import pytest
 
 from django_leader.backends.base import Backend
 from django_leader.conf import resolve_timing
-from django_leader.locks import acquire_once
+from django_leader.term import acquire_once
 from testproject.demoapp.models import FencedWrite
 from tests.support.cluster import (
     PATIENCE,

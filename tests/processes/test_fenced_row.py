@@ -21,8 +21,8 @@ import pytest
 
 from django_leader.backends.base import Backend
 from django_leader.conf import resolve_timing
-from django_leader.locks import acquire_once
 from django_leader.models import LeaseFence
+from django_leader.term import acquire_once
 from django_leader.testing.contract import wait_until_expired
 from testproject.demoapp.models import FencedWrite
 from tests.support.cluster import PATIENCE, STARTUP, Cluster, matches, open_cluster, open_store

@@ -29,7 +29,7 @@ def main() -> None:
     setup_django()
     from django_leader import LeadershipLost, Lease
     from django_leader.conf import resolve_timing
-    from django_leader.locks import acquire_once
+    from django_leader.term import acquire_once
     from testproject.demoapp.models import FencedWrite
 
     backend = make_backend()
