@@ -46,12 +46,12 @@ ensemble's clock. Why not the lease node's ``czxid``: a restored ensemble issues
 issued before (a standalone server keeps epoch 0, an ensemble restored with its epoch
 files starts the epoch after theirs), see docs/zookeeper-backend.md#fencing-tokens.
 
-The package, one concern a module, lower first: layout.py (znode names, times), session.py
-(a kazoo session and its handshake), ensemble.py (settings, calls, paths, the ensemble's
-clock), losses.py (the store marker, rollbacks, lease znodes deleted by hand), leases.py
-(acquire, release, read), renewal.py (renewal, many at once), candidates.py (the queue),
-watches.py (the watch thread), slots.py (the beat's slot records), backend.py
-(:class:`ZooKeeperBackend`, made of them).
+The package, one concern a module, lower first: layout.py (znode names, times),
+session.py (a kazoo session and its handshake), ensemble.py (settings, calls, paths),
+clock.py (the ensemble's clock and estimates of it), losses.py (the store marker,
+rollbacks, lease znodes deleted by hand), leases.py (acquire, release, read), renewal.py
+(renewal, many at once), candidates.py (the queue), watches.py (the watch thread),
+slots.py (the beat's slot records), backend.py (:class:`ZooKeeperBackend`, made of them).
 """
 
 from .backend import ZooKeeperBackend

@@ -9,11 +9,11 @@ from contextlib import suppress
 from typing import Any
 
 from ...election import Candidate
-from .ensemble import Ensemble
+from .clock import EnsembleClock
 from .layout import candidate_prefix, to_ms, to_time
 
 
-class Candidacies(Ensemble):
+class Candidacies(EnsembleClock):
     """announce, withdraw and candidates of :class:`~.backend.ZooKeeperBackend`."""
 
     def _queue(self, client: Any, name: str) -> list[str]:

@@ -1,11 +1,11 @@
 """The ZooKeeper store's base: its settings, its session (connected within the call
-bound), the calls every operation makes (a kazoo call waited for, a znode read or made),
-the znode paths, and the ensemble's clock (a write's ``mtime``, and an estimate of it).
+bound), the calls every operation makes (a kazoo call waited for, a znode read or made)
+and the znode paths.
 
-:class:`Ensemble` is what the other modules of the package build on: the lease operations
-(:mod:`.leases`, :mod:`.renewal`), the candidates (:mod:`.candidates`) subclass it; the
-store marker (:mod:`.losses`), the watch thread (:mod:`.watches`) and the beat's slot
-records (:mod:`.slots`) are handed one.
+:class:`Ensemble` is what the other modules of the package build on: the ensemble's clock
+(:mod:`.clock`) subclasses it, the lease operations (:mod:`.leases`, :mod:`.renewal`) and
+the candidates (:mod:`.candidates`) subclass that; the store marker (:mod:`.losses`), the
+watch thread (:mod:`.watches`) and the beat's slot records (:mod:`.slots`) are handed one.
 """
 
 from __future__ import annotations
@@ -17,23 +17,16 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from datetime import datetime
 from typing import Any, Protocol
 
 from ...conf import ZooKeeperSettings, get_settings
 from ...exceptions import BackendUnavailable
 from ..base import Backend, Watch
 from ..history import HistoryWriter, WrittenAfterwards
-from .layout import Held, digest, encode_name, to_time
+from .layout import Held, digest, encode_name
 from .session import DEFAULT_SESSION_TIMEOUT, Session, default_zookeeper
 
 logger = logging.getLogger("django_leader")
-
-#: How sure a clock estimate must be (seconds) to decide "not expired yet" without writing
-#: the clock znode; closer calls read the ensemble's clock.
-ESTIMATE_SLACK = 0.25
-#: How long a clock estimate is trusted before the clock znode is written again.
-ESTIMATE_AGE = 30.0
 
 
 class WakeUpHub(Protocol):
@@ -187,10 +180,6 @@ class Ensemble(WrittenAfterwards, Backend):
             self._wait(client.create_async(path, b"", makepath=True))
         self._made.add(path)
 
-    def _seen(self, mtime: int) -> None:
-        """A write's ``mtime``: the ensemble's clock when it was applied."""
-        self._clock = (int(mtime), time.monotonic())
-
     # -- paths ------------------------------------------------------------------------------
     def _name_path(self, name: str) -> str:
         return f"{self.root}/names/{encode_name(name)}"
@@ -203,61 +192,6 @@ class Ensemble(WrittenAfterwards, Backend):
 
     def _bell_path(self, name: str, identity: str | None) -> str:
         return f"{self._name_path(name)}/bells/{digest(identity) if identity else 'all'}"
-
-    # -- the ensemble's clock ---------------------------------------------------------------
-    def _clock_stat(self) -> Any:
-        """A write to the clock znode: its stat (``mtime``: the ensemble's clock now;
-        ``mzxid``: its epoch)."""
-        from kazoo.exceptions import NoNodeError
-
-        client = self.client
-        path = f"{self.root}/clock"
-        try:
-            stat = self._wait(client.set_async(path, b""))
-        except NoNodeError:
-            self._ensure(client, path, anew=True)
-            stat = self._wait(client.set_async(path, b""))
-        self._seen(stat.mtime)
-        return stat
-
-    def _now_ms(self) -> int:
-        """The ensemble's clock now: a write to the clock znode, whose ``mtime`` it is."""
-        return int(self._clock_stat().mtime)
-
-    def _read_only_now(self, floor: int) -> int:
-        """The ensemble's clock as well as a process can tell without writing: the clock
-        estimate whatever its age (else the clock znode's last ``mtime``, a time the
-        ensemble has passed: never this machine's clock, which may be ahead and report a
-        held lease free), never before ``floor`` (an ``mtime`` just read). For :meth:`read`
-        alone: no lease decision rests on it."""
-        if self._clock is None:
-            stat = self._wait(self.client.exists_async(f"{self.root}/clock"))
-            return max(floor, int(stat.mtime) if stat is not None else 0)
-        at, seen = self._clock
-        return max(floor, at + int((time.monotonic() - seen) * 1000))
-
-    def now(self) -> datetime:
-        return to_time(self._now_ms())
-
-    def _estimate_ms(self) -> int | None:
-        if self._clock is None:
-            return None
-        at, seen = self._clock
-        age = time.monotonic() - seen
-        if age > ESTIMATE_AGE:
-            return None
-        return at + int(age * 1000)
-
-    def _passed(self, until_ms: int) -> tuple[bool, int]:
-        """Has the ensemble's clock passed ``until_ms``? ``(passed, now_ms)``. A clock
-        estimate (the last write's ``mtime`` plus the time since) answers "not yet" when
-        it is sure by :data:`ESTIMATE_SLACK`; otherwise the clock znode is written. Only a
-        reading of the ensemble's clock ever answers "passed"."""
-        estimate = self._estimate_ms()
-        if estimate is not None and estimate + ESTIMATE_SLACK * 1000 < until_ms:
-            return False, estimate
-        now = self._now_ms()
-        return now >= until_ms, now
 
     # -- the store marker -------------------------------------------------------------------
     def _forget_made(self) -> None:

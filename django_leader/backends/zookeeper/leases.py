@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 from ...exceptions import BackendUnavailable
 from ...lease import EventKind, Lease
-from .ensemble import Ensemble
+from .clock import EnsembleClock
 from .layout import Held, failed_operation, standing_handover, to_ms, to_time
 from .losses import create_marker, lost_marker, mark_session, rolled_back, vanished
 from .session import granted_ms
@@ -20,7 +20,7 @@ from .session import granted_ms
 logger = logging.getLogger("django_leader")
 
 
-class Leases(Ensemble):
+class Leases(EnsembleClock):
     """The lease operations of :class:`~.backend.ZooKeeperBackend` but renewal."""
 
     def initialize(self) -> bool:

@@ -19,7 +19,7 @@
   record). A lease that went with its session needs no wait: a session ends no sooner than
   its timeout (>= the ttl) after its holder's last message, so its holder has stepped down.
 
-Each function is handed the backend (an :class:`~.ensemble.Ensemble`, the package's base)
+Each function is handed the backend (an :class:`~.clock.EnsembleClock`, the package's base)
 and uses only its session, paths and clock.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 from ...conf import lock_delay
 from ...lease import clock as lease_clock
-from .ensemble import Ensemble
+from .clock import EnsembleClock
 from .layout import to_ms
 from .session import Session
 
@@ -45,7 +45,9 @@ def zxid_epoch(zxid: int) -> int:
     return int(zxid) >> 32
 
 
-def create_marker(backend: Ensemble, client: Any, delay_ms: int) -> tuple[dict[str, Any], bool]:
+def create_marker(
+    backend: EnsembleClock, client: Any, delay_ms: int
+) -> tuple[dict[str, Any], bool]:
     """Write the store marker: a new epoch (now), no lease for ``delay_ms`` (0: none), and
     the ensemble epoch it was written in. The marker, and False if one was there already."""
     from kazoo.exceptions import NodeExistsError
@@ -64,7 +66,7 @@ def create_marker(backend: Ensemble, client: Any, delay_ms: int) -> tuple[dict[s
     return marker, True
 
 
-def lost_marker(backend: Ensemble, client: Any, ttl: float) -> dict[str, Any]:
+def lost_marker(backend: EnsembleClock, client: Any, ttl: float) -> dict[str, Any]:
     """The store marker, found missing by an acquisition: written anew, with a lock-delay
     (or, should another have just written it, that one)."""
     backend._forget_made()  # whatever we made may have gone with the marker
@@ -85,7 +87,7 @@ def lost_marker(backend: Ensemble, client: Any, ttl: float) -> dict[str, Any]:
 
 
 def rolled_back(
-    backend: Ensemble,
+    backend: EnsembleClock,
     client: Any,
     session: Session,
     marker: tuple[dict[str, Any], Any],
@@ -158,11 +160,11 @@ def _rewritten_since(data: dict[str, Any], clock: Any, refused_at: float) -> boo
     return marker_age + REWRITE_MARGIN < lease_clock() - refused_at
 
 
-def session_path(backend: Ensemble, session_id: int) -> str:
+def session_path(backend: EnsembleClock, session_id: int) -> str:
     return f"{backend.root}/sessions/{session_id:x}"
 
 
-def mark_session(backend: Ensemble, client: Any) -> int | None:
+def mark_session(backend: EnsembleClock, client: Any) -> int | None:
     """Make sure the session ``client`` runs has its ephemeral marker (it goes when the
     session ends, with the session's leases, in the same transaction); its id."""
     from kazoo.exceptions import NodeExistsError
@@ -179,7 +181,7 @@ def mark_session(backend: Ensemble, client: Any) -> int | None:
 
 
 def vanished(
-    backend: Ensemble,
+    backend: EnsembleClock,
     client: Any,
     name: str,
     record: tuple[dict[str, Any], Any],

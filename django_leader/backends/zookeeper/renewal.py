@@ -10,7 +10,7 @@ from typing import Any
 
 from ...exceptions import BackendUnavailable, NotSupportedError
 from ...lease import Lease
-from .ensemble import ESTIMATE_SLACK
+from .clock import ESTIMATE_SLACK
 from .layout import Held, failed_operation, standing_handover, to_ms
 from .leases import Leases
 
