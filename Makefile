@@ -83,13 +83,16 @@ test: venv
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(COVERAGE_ARGS) $(PYTEST_ARGS)
 
 # Every check runs even if an earlier one fails, so one pass shows every problem: ruff's
-# lint rules and format, mypy over django_leader/ and tests/, and no model change without
-# its migration. The same checks run as pre-commit hooks (.pre-commit-config.yaml).
+# lint rules and format, mypy over django_leader/ and tests/, the import contracts of
+# django_leader/ (its layers, no import circle: [tool.importlinter] in pyproject.toml), and
+# no model change without its migration. The same checks run as pre-commit hooks
+# (.pre-commit-config.yaml).
 lint: venv
 	@status=0; \
 	echo "$(BIN)/ruff check ."; $(BIN)/ruff check . || status=1; \
 	echo "$(BIN)/ruff format --check ."; $(BIN)/ruff format --check . || status=1; \
 	echo "$(BIN)/mypy"; $(BIN)/mypy || status=1; \
+	echo "$(BIN)/lint-imports"; $(BIN)/lint-imports --no-cache || status=1; \
 	echo "makemigrations --check"; \
 	$(BIN)/python -m django makemigrations --check --dry-run --skip-checks --settings=testproject.settings \
 		django_leader || status=1; \
