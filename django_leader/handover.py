@@ -19,9 +19,9 @@ from typing import Any
 from .backends.base import Backend
 from .conf import Timing, get_settings
 from .election import Candidate, Mode, next_in_line, queue, validate_mode
-from .elector import handover_window
 from .exceptions import LeaderError
 from .lease import Lease
+from .turns import handover_window
 
 
 class HandoverRefused(LeaderError):
