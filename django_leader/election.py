@@ -19,6 +19,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from .version import __version__
+
 
 class Mode(str, Enum):
     """How the waiting candidates of a name take turns (``mode=``, ``ELECTION_MODE``)."""
@@ -75,8 +77,6 @@ class Candidate:
     @classmethod
     def here(cls, identity: str, priority: int = 0) -> Candidate:
         """This process as a candidate: its host name, pid and django-leader version."""
-        from . import __version__
-
         return cls(
             identity=identity,
             priority=priority,

@@ -7,7 +7,6 @@ import asyncio
 import functools
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
@@ -17,7 +16,7 @@ from typing import Any, Generic, TypeVar, cast
 from . import aio
 from .backends.base import Backend
 from .caller import Caller
-from .campaigner import NEXT_IN_LINE, Campaigner, Control
+from .campaigner import NEXT_IN_LINE, Campaigner, Control, Elected
 from .candidacy import Candidacy, Membership
 from .conf import (
     default_identity,
@@ -151,10 +150,7 @@ class Elector:
             self._control.wake,
             self._control.follow,
         )
-        self._elected = threading.Event()
-        # Coroutines in wait_for_leadership(): woken (from the campaign thread) at each
-        # election.
-        self._elected_waiters: list[Callable[[], None]] = []
+        self._elected = Elected(lambda: self.is_leader)
         # The event loop that started this elector, if any: coroutine work and callbacks
         # run there.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,7 +178,7 @@ class Elector:
             self._follow,
             self._new_leader_seen,
         )
-        self._handed_over = False  # the last term ended in a hand-over
+        self._just_handed_over = False  # the last term ended in a hand-over
 
     def __repr__(self) -> str:
         return f"<Elector {self.name!r} as {self.identity!r} ({self.mode})>"
@@ -221,13 +217,13 @@ class Elector:
 
         Bounded like every store call (docs/api.md, "Bounded store calls"):
         ``BackendUnavailable`` if the store does not answer in time."""
-        return self._read(self.backend.read, self.name)
+        return self._bounded_call(self.backend.read, self.name)
 
-    def _read(self, call: Callable[..., Any], *args: Any) -> Any:
-        reader = session_of(self.backend)  # the process's caller for this store
+    def _bounded_call(self, call: Callable[..., Any], *args: Any) -> Any:
+        session = session_of(self.backend)  # the process's session for this store
         bound = call_bound(self.timing)
         try:
-            return reader.call(bound, call, *args)
+            return session.call(bound, call, *args)
         except TimeoutError:
             raise BackendUnavailable(
                 f"reading {self.name!r}: the store did not answer within {bound:.2f}s"
@@ -237,7 +233,7 @@ class Elector:
         """The live candidates of ``name`` from the store's registry, in join order (this
         elector among them while it waits; not while it leads), or None if the store
         keeps no registry. Bounded like :meth:`leader`."""
-        return self._read(self.backend.candidates, self.name)
+        return self._bounded_call(self.backend.candidates, self.name)
 
     @property
     def stuck_for(self) -> float | None:
@@ -260,34 +256,11 @@ class Elector:
                     lambda: self._await_leadership(timeout), "Elector.wait_for_leadership()"
                 ),
             )
-        give_up = None if timeout is None else clock() + timeout
-        while True:
-            remaining = None if give_up is None else give_up - clock()
-            if remaining is not None and remaining <= 0:
-                return self.is_leader
-            if self._elected.wait(remaining) and self.is_leader:
-                return True
-            if self._elected.is_set():  # elected flag stale for a moment: poll briefly
-                time.sleep(0.01)
+        return self._elected.wait(timeout)
 
     async def _await_leadership(self, timeout: float | None) -> bool:
         """:meth:`wait_for_leadership` for a coroutine: woken by the campaign thread."""
-        woken, wake = aio.wakeable()
-        with self._state:
-            self._elected_waiters.append(wake)
-        give_up = None if timeout is None else clock() + timeout
-        try:
-            while True:
-                woken.clear()  # an election from now on wakes the wait below
-                if self.is_leader:
-                    return True
-                remaining = None if give_up is None else give_up - clock()
-                if remaining is not None and remaining <= 0:
-                    return False
-                await aio.wait_event(woken, remaining)
-        finally:
-            with self._state, suppress(ValueError):
-                self._elected_waiters.remove(wake)
+        return await self._elected.wait_async(timeout)
 
     # -- running --------------------------------------------------------------------------
     def start(self, work: Work | None = None) -> CampaignThread:
@@ -377,7 +350,7 @@ class Elector:
             to = first.identity if first is not None else ""
         if to:
             with suppress(NotSupportedError):
-                self._read(
+                self._bounded_call(
                     functools.partial(self.backend.request_handover, actor=self.identity),
                     self.name,
                     to,
@@ -423,13 +396,13 @@ class Elector:
                 backoff, self._control.resign_backoff = self._control.resign_backoff, None
                 if not self._stop.is_set():
                     self._stop.wait(self.timing.retry_interval if backoff is None else backoff)
-                if self._handed_over:
+                if self._just_handed_over:
                     # Try once, whatever the queue says, after the one it handed over to
                     # had its chance: should that one be dead (its heartbeat not run out
                     # yet), the name is without a leader for a retry_interval, not until
                     # its candidacy expires. A live one holds the lease by now (or the
                     # store's hand-over gate still keeps others out).
-                    self._handed_over = False
+                    self._just_handed_over = False
                     self._follow.set()
         finally:
             _running.discard(self)
@@ -485,14 +458,10 @@ class Elector:
         )
         self._leadership = leadership
         if leadership.run(lease, work):
-            self._handed_over = True
+            self._just_handed_over = True
 
     def _now_elected(self, lease: Lease) -> None:
         self._elected.set()
-        with self._state:
-            waiters = list(self._elected_waiters)
-        for wake in waiters:
-            wake()
         self._callback(self.on_elected, lease)
 
     def _callback(self, callback: Callback, lease: Lease) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import aio
 from .caller import Caller
-from .campaigner import NEXT_IN_LINE, Campaigner, Control
+from .campaigner import NEXT_IN_LINE, Campaigner, Control, Elected
 from .candidacy import Membership
 from .election import Candidate, Mode, preempted_by
 from .lease import Lease, LossReason, _use_lease, clock
@@ -79,7 +79,7 @@ class Leadership:
         preemption: Preemption,
         *,
         loop: asyncio.AbstractEventLoop | None,
-        elected: threading.Event,
+        elected: Elected,
         on_elected: Callable[[Lease], None],
         on_lost: Callback,
         store_now: Callable[[], datetime | None],
