@@ -34,6 +34,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
+# Registers the check of DJANGO_LEADER["TASKS_SCHEDULE"] with the settings, which import
+# no feature: a malformed schedule is then refused by get_settings() at startup.
+from .tasks import entries as _tasks_entries  # noqa: F401
+
 CheckFunction = Callable[..., list[CheckMessage]]
 
 
@@ -218,7 +222,7 @@ def check_zookeeper(
     3 s). A database check,
     like E003: Django runs it only when asked to (``manage.py check --database default``,
     ``migrate``), never on every command."""
-    from .backends.zookeeper import ZooKeeperBackend
+    from .backends.base import Backend
     from .conf import get_settings
     from .exceptions import BackendUnavailable
 
@@ -229,7 +233,12 @@ def check_zookeeper(
         backend_class = import_string(conf.backend)
     except (ImproperlyConfigured, ImportError):
         return []  # reported by check_settings
-    if not (isinstance(backend_class, type) and issubclass(backend_class, ZooKeeperBackend)):
+    # A store that can be pinged (the ZooKeeper ensemble) is asked; the others are not.
+    if not (
+        isinstance(backend_class, type)
+        and issubclass(backend_class, Backend)
+        and backend_class.answers_ping()
+    ):
         return []
     zk = conf.zookeeper
     timeout = (zk.connect_timeout if zk else None) or ZOOKEEPER_CHECK_TIMEOUT

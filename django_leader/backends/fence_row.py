@@ -2,12 +2,12 @@
 
 A lease held in Redis (or ZooKeeper, or any store that is not the database the writes go
 to) cannot be checked inside the writes' transaction. Its fencing token can: each lease
-name has a row (``django_leader.models.LeaseFence``) holding the greatest token that wrote
-through it, in the writes' own database. :func:`fence_row_transaction` locks that row in
-the caller's transaction, refuses a token lower than the one it holds and otherwise raises
-it to this token: the storage checks the token, as Kleppmann's fencing tokens require
-("How to do distributed locking", 2016), so a holder paused past its lease cannot write
-once its successor has (docs/safety.md).
+name has a row (``django_leader.models.LeaseFence``, table :data:`FENCE_TABLE`) holding
+the greatest token that wrote through it, in the writes' own database.
+:func:`fence_row_transaction` locks that row in the caller's transaction, refuses a token
+lower than the one it holds and otherwise raises it to this token: the storage checks the
+token, as Kleppmann's fencing tokens require ("How to do distributed locking", 2016), so a
+holder paused past its lease cannot write once its successor has (docs/safety.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from ..lease import Lease
 from .db.dialects import DIALECTS
 from .db.fence import bounded_transaction, lock_row
 
+#: The table of ``django_leader.models.LeaseFence`` (Django's default name for it, which
+#: its migration creates): named here so that the store contract imports no Django model.
+FENCE_TABLE = "django_leader_leasefence"
+
 
 @contextmanager
 def fence_row_transaction(alias: str, lease: Lease) -> Iterator[None]:
@@ -33,13 +37,11 @@ def fence_row_transaction(alias: str, lease: Lease) -> Iterator[None]:
     for it, so commits happen in token order. A lower token that comes after them is
     refused with :class:`~django_leader.exceptions.LeadershipLost` (rolled back).
     """
-    from ..models import LeaseFence
-
     vendor = connections[alias].vendor
     if vendor not in DIALECTS:
         raise NotImplementedError(f"django_leader has no SQL for database vendor {vendor!r}")
     dialect = DIALECTS[vendor]()
-    table = connections[alias].ops.quote_name(LeaseFence._meta.db_table)
+    table = connections[alias].ops.quote_name(FENCE_TABLE)
     with bounded_transaction(alias, dialect, lease) as connection:
         with connection.cursor() as cursor:
             row = lock_row(cursor, table, "token", "name = %s", [lease.name])

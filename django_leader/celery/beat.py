@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 from celery import uuid
 from celery.beat import Scheduler
@@ -92,6 +92,9 @@ class LeaderScheduler(Scheduler):
     #: The lease name. Set on a subclass, it overrides the Celery setting
     #: ``beat_leader_lease``; on an instance it is the name in use.
     lease_name: str | None = None
+
+    #: It wraps another scheduler: ``BEAT_SCHEDULER`` must not name it (see ``wrapped``).
+    wraps_a_scheduler: ClassVar[bool] = True
 
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
         name = self.lease_name or app.conf.get("beat_leader_lease")
