@@ -28,11 +28,11 @@ project whose settings include ``django_leader``. Each test gets a fresh backend
 The tests wait for real expiries of :attr:`BackendContract.ttl` (1 s): the whole suite
 takes about half a minute per store. See docs/howto/write-a-backend.md.
 
-The suite has two parts: :class:`LeaseContract` (:mod:`~django_leader.testing.lease_contract`),
+The suite has two parts: ``LeaseContract`` (``django_leader.testing.lease_contract``),
 what every store must do, and one class per optional capability
-(:mod:`~django_leader.testing.capabilities`: batch renewal, the candidate registry,
+(``django_leader.testing.capabilities``: batch renewal, the candidate registry,
 hand-over, wake-ups), each of which a store without it passes by declining as the contract
-says. :class:`BackendContract` is all of them; a store may also run only some.
+says. ``BackendContract`` is all of them; a store may also run only some.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ __all__ = [
 
 
 class BackendContract(BatchRenewalContract, RegistryContract, HandoverContract, WakeUpContract):
-    """The tests every lease store must pass (:class:`LeaseContract`) and those of each
+    """The tests every lease store must pass (``LeaseContract``) and those of each
     optional capability, which a store that lacks it passes by declining as the contract
-    says. Subclass it as ``Test…`` and implement :meth:`make_backend`; pytest collects the
+    says. Subclass it as ``Test…`` and implement ``make_backend()``; pytest collects the
     ``test_*`` methods of the subclass."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
