@@ -21,6 +21,19 @@ from .lease import clock
 NEXT_IN_LINE = "*"
 
 
+def validate_watchdog(watchdog: object) -> float | None:
+    """``watchdog=`` as seconds (None: no watchdog); ValueError unless a number > 0."""
+    if watchdog is None:
+        return None
+    if (
+        isinstance(watchdog, bool)
+        or not isinstance(watchdog, (int, float))
+        or not 0 < watchdog < float("inf")
+    ):
+        raise ValueError(f"watchdog must be a number of seconds > 0, got {watchdog!r}")
+    return float(watchdog)
+
+
 @dataclass
 class Control:
     """What an elector's API (``stop()``, ``resign()``, ``hand_over()``) asks of its

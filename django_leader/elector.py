@@ -1,5 +1,16 @@
-"""The campaign loop. It knows nothing about storage: each term it wins is a
-:class:`~django_leader.term.Term`, and it talks to the store through the Backend contract."""
+"""The :class:`Elector`: its lifecycle (start, run, stop, resign, hand_over) and the
+campaign loop — wait for a turn, win a term, lead it, campaign again. It knows nothing
+about storage: it talks to the store through the Backend contract, and each part of the
+campaign is a module of its own that it hands what it needs:
+
+- :mod:`~django_leader.turns` — a waiting candidate's attempts, whether its turn has come,
+  how long it sleeps, whom a leader that released wakes;
+- :mod:`~django_leader.candidacy` — its heartbeats in the store's registry, and the
+  membership signals;
+- :mod:`~django_leader.leading` — one term: the work thread, the watchdog, the callbacks,
+  pre-emption and hand-overs, over a :class:`~django_leader.term.Term`;
+- :mod:`~django_leader.campaigner` — the records they share (who campaigns, what the API
+  asks of the campaign, the news of an election)."""
 
 from __future__ import annotations
 
@@ -16,7 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 from . import aio
 from .backends.base import Backend
 from .caller import Caller
-from .campaigner import NEXT_IN_LINE, Campaigner, Control, Elected
+from .campaigner import NEXT_IN_LINE, Campaigner, Control, Elected, validate_watchdog
 from .candidacy import Candidacy, Membership
 from .conf import (
     default_identity,
@@ -41,6 +52,8 @@ from .turns import Follower, handover_window
 
 __all__ = ["Elector", "handover_window", "running_electors"]
 
+logger = logging.getLogger("django_leader")
+
 T = TypeVar("T")
 
 
@@ -56,8 +69,6 @@ class _Forwarded(Generic[T]):
     def __set__(self, elector: object, value: T) -> None:
         setattr(getattr(elector, self.part), self.attribute, value)
 
-
-logger = logging.getLogger("django_leader")
 
 _running: weakref.WeakSet[Elector] = weakref.WeakSet()
 
@@ -116,13 +127,7 @@ class Elector:
         self.identity = validate_identity(identity) if identity is not None else default_identity()
         self.mode = validate_mode(get_settings().election_mode if mode is None else mode)
         self.priority = validate_priority(priority)
-        if watchdog is not None and (
-            isinstance(watchdog, bool)
-            or not isinstance(watchdog, (int, float))
-            or not 0 < watchdog < float("inf")
-        ):
-            raise ValueError(f"watchdog must be a number of seconds > 0, got {watchdog!r}")
-        self.watchdog = None if watchdog is None else float(watchdog)
+        self.watchdog = validate_watchdog(watchdog)
         self.backend = resolve_backend(backend, self.timing)
         for attr, callback in (
             ("on_elected", on_elected),
@@ -414,7 +419,7 @@ class Elector:
                     self._campaigning = self._ended = None
             ended.set()
 
-    # -- the parts the tests of the poll interval set -----------------------------------
+    # -- the waiting candidate, as the tests of its poll interval set it --------------
     _watch = _Forwarded[Any]("_follower", "watch")
     _place = _Forwarded[Any]("_follower", "place")
     _seen = _Forwarded[Any]("_follower", "seen")
