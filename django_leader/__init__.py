@@ -23,8 +23,7 @@ from .exceptions import (
 from .lease import Lease, current_lease
 from .locks import alock, lock
 from .observe import observe
-
-__version__ = "0.1.0.dev0"
+from .version import __version__ as __version__
 
 __all__ = [
     "AsyncElector",

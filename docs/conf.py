@@ -60,13 +60,14 @@ nitpick_ignore = [
     ("py:class", "T"),
     ("py:class", "django_leader.celery.tasks.F"),
     ("py:class", "django_leader.lease.T"),
-    ("py:class", "django_leader.elector._CampaignThread"),
+    ("py:class", "django_leader.leading.CampaignThread"),
     ("py:class", "django_leader.tasks.singleton.F"),
     ("py:class", "AsyncWork"),
     ("py:class", "AsyncCallback"),
     ("py:class", "django_leader.session.T"),
     # The session's renewers: documented with the session, not as a class of their own.
     ("py:class", "Renewer"),
+    ("py:class", "django_leader.session.Renewer"),
     ("py:class", "CheckMessage"),  # django.core.checks, in check_configuration's signature
     # The stores' own classes in return annotations of the backends' methods: internal,
     # documented by the contract they implement (Backend.slots, Backend.now_expression).
@@ -74,11 +75,25 @@ nitpick_ignore = [
     ("py:class", "RedisSlots"),
     ("py:class", "ZooKeeperSlots"),
     ("py:class", "django_leader.backends.db.dialect.StoreNow"),
+    ("py:class", "django_leader.backends.db.slots.DatabaseSlots"),
+    ("py:class", "django_leader.backends.redis.slots.RedisSlots"),
+    ("py:class", "django_leader.backends.zookeeper.slots.ZooKeeperSlots"),
+    # The parts a store package's backend class is made of (internal modules; the backend
+    # is documented by the contract it implements).
+    ("py:class", "django_leader.backends.redis.leases.RedisLeases"),
+    ("py:class", "django_leader.backends.redis.batch.BatchRenewal"),
+    ("py:class", "django_leader.backends.redis.registry.Registry"),
+    ("py:class", "django_leader.backends.redis.listen.WakeUps"),
+    ("py:class", "django_leader.backends.zookeeper.candidates.Candidacies"),
+    ("py:class", "django_leader.backends.zookeeper.renewal.BatchRenewal"),
     ("py:class", "Backend"),  # a forward reference in django_leader.backends.resolve
     # The history mixin of the Redis and ZooKeeper backends (internal), and the contract's
     # ``record`` that their inherited acquire() docstring names (defined by that mixin).
     ("py:class", "django_leader.backends.history.WrittenAfterwards"),
     ("py:meth", "record"),
+    # Inherited docstrings of the ZooKeeper backend's parts name their siblings' methods.
+    ("py:meth", "renew"),
+    ("py:meth", "acquire"),
 ]
 # The standard library's types in signatures: without intersphinx (the build reads
 # nothing from the network) there is no inventory to link them to.
