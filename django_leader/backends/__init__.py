@@ -1,10 +1,12 @@
 """Lease stores. Pick one with ``DJANGO_LEADER["BACKEND"]`` (a dotted path).
 
 The contract is :class:`~django_leader.backends.base.Backend`; the stores shipped are
-:class:`~django_leader.backends.db.DatabaseBackend` (the package ``backends/db/``) and
-:class:`~django_leader.backends.redis.RedisBackend` (``backends/redis.py``, with
-``redis_scripts.py`` and ``redis_slots.py``; ``backends/cache.py`` keeps its former name
-``CacheBackend``). Code outside this package uses the contract and the functions below,
+:class:`~django_leader.backends.db.DatabaseBackend` (the package ``backends/db/``),
+:class:`~django_leader.backends.redis.RedisBackend` (the package ``backends/redis/``;
+``backends/cache.py`` keeps its former name ``CacheBackend``) and
+:class:`~django_leader.backends.zookeeper.ZooKeeperBackend` (the package
+``backends/zookeeper/``); :class:`~django_leader.backends.memory.MemoryBackend` is for
+tests. Code outside this package uses the contract and the functions below,
 never a concrete store.
 """
 

@@ -11,9 +11,9 @@ Each backend gives its :class:`SlotStore` with :meth:`Backend.slots()
 <django_leader.backends.base.Backend.slots>`:
 
 * the database backend: the ``BeatSlot`` table, written inside the lease's fenced
-  transaction (``backends/db_slots.py``);
+  transaction (``backends/db/slots.py``);
 * the Redis backend: a hash next to the lease's keys, written by a Lua script that first
-  checks the lease (``backends/redis_slots.py``);
+  checks the lease (``backends/redis/slots.py``);
 * any other backend, by default: :class:`LocalSlots`, records kept in this process only
   (not shared): a failover then relies on the wrapped scheduler's own state, and may send
   the last slot again.
