@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from . import hooks, jitter
 from .backends.base import Backend, Watch
@@ -21,6 +21,8 @@ from .election import Candidate, Mode, may_try, next_in_line, place
 from .exceptions import BackendUnavailable
 from .lease import Lease, clock
 from .term import attempt, call_bound, log_extra
+
+T = TypeVar("T")
 
 logger = logging.getLogger("django_leader")
 
@@ -223,12 +225,8 @@ class Follower:
         if self.place is None:
             self.candidacy.due = 0.0  # not queued (expired, or new): join at once
         self.seen_sent = clock()
-        try:
-            current = session.call(
-                call_bound(campaigner.timing), campaigner.backend.read, campaigner.name
-            )
-        except Exception as exc:
-            logger.debug("reading %r failed: %s", campaigner.name, exc)
+        answered, current = self._ask(session, campaigner.backend.read, "the lease")
+        if not answered:
             return False
         self.seen = current
         if current is None:
@@ -239,15 +237,22 @@ class Follower:
         self.place = place(identity, [m for m in members if m.identity != holder], mode)
         return may_try(identity, members, mode, holder=holder)
 
-    def _read_members(self, session: Caller) -> list[Candidate] | None:
-        """The registry, read now (None if unknown), with the membership signals."""
+    def _ask(
+        self, session: Caller, operation: Callable[[str], T], what: str
+    ) -> tuple[bool, T | None]:
+        """``operation(name)`` through ``session``, bounded: (True, its answer), or (False,
+        None) if it failed or went unanswered (logged: the next attempt asks again)."""
         campaigner = self.campaigner
         try:
-            members = session.call(
-                call_bound(campaigner.timing), campaigner.backend.candidates, campaigner.name
-            )
+            return True, session.call(call_bound(campaigner.timing), operation, campaigner.name)
         except Exception as exc:
-            logger.debug("reading the candidates of %r failed: %s", campaigner.name, exc)
+            logger.debug("reading %s of %r failed: %s", what, campaigner.name, exc)
+            return False, None
+
+    def _read_members(self, session: Caller) -> list[Candidate] | None:
+        """The registry, read now (None if unknown), with the membership signals."""
+        answered, members = self._ask(session, self.campaigner.backend.candidates, "candidates")
+        if not answered:
             return None
         if members is not None:
             self.membership.update(members, self.store_now(None))

@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..lease import Lease
+from ..lease import EventKind, Lease
 
 logger = logging.getLogger("django_leader")
 
@@ -130,6 +130,18 @@ class WrittenAfterwards:
     ) -> None:
         if self._history is not None:
             self._history.record(kind, lease, at, detail=detail, actor=actor)
+
+    def _record_grant(self, lease: Lease, taken_over: bool) -> None:
+        """Record a grant: ``taken_over`` from a holder whose lease had expired (named in
+        ``lease.previous_holder``), else acquired (and ``previous_holder`` is cleared)."""
+        if not taken_over:
+            lease.previous_holder = ""
+        self._record(
+            EventKind.TAKEN_OVER if taken_over else EventKind.ACQUIRED,
+            lease,
+            lease.acquired_at,
+            detail=f"lease of {lease.previous_holder} had expired" if taken_over else "",
+        )
 
     def flush_history(self, timeout: float | None = None) -> bool:
         return self._history.flush(timeout) if self._history is not None else True

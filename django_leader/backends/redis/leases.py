@@ -51,15 +51,7 @@ class RedisLeases(RedisStore):
             return None, current
         lease = self._lease(name, reply)
         assert lease is not None
-        taken_over = bool(lease.previous_holder) and text(reply[8]) == "0"
-        if not taken_over:
-            lease.previous_holder = ""
-        self._record(
-            EventKind.TAKEN_OVER if taken_over else EventKind.ACQUIRED,
-            lease,
-            lease.acquired_at,
-            detail=f"lease of {lease.previous_holder} had expired" if taken_over else "",
-        )
+        self._record_grant(lease, bool(lease.previous_holder) and text(reply[8]) == "0")
         return lease, lease
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:

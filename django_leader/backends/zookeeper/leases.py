@@ -165,15 +165,7 @@ class Leases(EnsembleClock):
             expires_at=to_time(stat.mtime + to_ms(ttl)),
             previous_holder=previous,
         )
-        taken_over = bool(previous) and not released
-        if not taken_over:
-            lease.previous_holder = ""
-        self._record(
-            EventKind.TAKEN_OVER if taken_over else EventKind.ACQUIRED,
-            lease,
-            lease.acquired_at,
-            detail=f"lease of {previous} had expired" if taken_over else "",
-        )
+        self._record_grant(lease, bool(previous) and not released)
         return lease, lease
 
     def _hand_back(self, outcome: Any, name: str, holder: str, token: int) -> None:
