@@ -25,6 +25,20 @@ from ..lease import Lease
 Event = tuple[str, str, str, int, str]
 
 
+def history(backend: Backend, name: str) -> list[Event]:
+    """``(kind, holder, previous_holder, token, actor)`` of each history event of ``name``
+    in ``backend``'s history database, oldest first, once its queued events are written."""
+    from ..models import LeaseEvent
+
+    assert backend.flush_history(10), "history not written in time"
+    return list(
+        LeaseEvent.objects.using(backend.history_database)
+        .filter(name=name)
+        .order_by("at", "id")
+        .values_list("kind", "holder", "previous_holder", "token", "actor")
+    )
+
+
 def wait_until_expired(backend: Backend, name: str, timeout: float = 10.0) -> None:
     """Wait until the store itself says nobody holds ``name`` (its clock, not ours)."""
     give_up = time.monotonic() + timeout
@@ -53,15 +67,7 @@ class LeaseContract:
         """The history events of ``name``, oldest first; None if the store keeps none."""
         if backend.history_database is None:
             return None
-        from ..models import LeaseEvent
-
-        assert backend.flush_history(10), "history not written in time"
-        return list(
-            LeaseEvent.objects.using(backend.history_database)
-            .filter(name=name)
-            .order_by("at", "id")
-            .values_list("kind", "holder", "previous_holder", "token", "actor")
-        )
+        return history(backend, name)
 
     @pytest.fixture
     def backend(self) -> Iterator[Backend]:

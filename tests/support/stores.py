@@ -118,16 +118,11 @@ def open_store(store_id: str) -> Iterator[Any]:
 
 
 def history(backend: Any, name: str) -> list[tuple[str, str, str, int, str]]:
-    """``(kind, holder, previous_holder, token, actor)`` of each event of ``name``, oldest first."""
-    from django_leader.models import LeaseEvent
+    """``(kind, holder, previous_holder, token, actor)`` of each event of ``name``, oldest first
+    (the shipped contract suite's reading)."""
+    from django_leader.testing.lease_contract import history as contract_history
 
-    assert backend.flush_history(10), "history not written in time"
-    return list(
-        LeaseEvent.objects.using(backend.history_database)
-        .filter(name=name)
-        .order_by("at", "id")
-        .values_list("kind", "holder", "previous_holder", "token", "actor")
-    )
+    return contract_history(backend, name)
 
 
 def answered(call: Any, *args: Any, timeout: float) -> Any:
