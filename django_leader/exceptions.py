@@ -19,6 +19,13 @@ class BackendUnavailable(LeaderError):
     """The lease store could not be reached or answered with an error (safe to retry)."""
 
 
+class StoreBusy(BackendUnavailable):
+    """The store answered, but another client's write kept what the call needed for longer
+    than the call's bound (SQLite's one write lock): contention, not an outage. A blocking
+    :func:`~django_leader.lock` waits and tries again, as for a held lease, until its
+    ``timeout`` runs out; then, and when not blocking, it raises this error."""
+
+
 class NotSupportedError(LeaderError, NotImplementedError):
     """The configured backend cannot do this soundly (e.g. ``request_handover()`` on a store
     that cannot hand a lease over)."""

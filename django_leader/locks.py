@@ -22,7 +22,7 @@ from .backends.base import Backend, Watch
 from .caller import Caller
 from .conf import default_identity, resolve_timing, validate_identity, validate_name
 from .core import REARM, Listen, Pause, Steps, arun, run
-from .exceptions import BackendUnavailable, LeaseHeld
+from .exceptions import BackendUnavailable, LeaseHeld, StoreBusy
 from .lease import Lease, clock
 from .session import Session
 from .session import session as session_of
@@ -213,6 +213,10 @@ class Lock:
             )
         except TimeoutError:
             raise self._unanswered(bound) from None
+        except StoreBusy:  # another client's write: contention, as if the lease were held
+            if not self._may_wait(give_up):
+                raise
+            return None, self._pause(give_up)
         return self._outcome(*granted, give_up)
 
     def _bound(self, give_up: float | None) -> float:
@@ -232,11 +236,9 @@ class Lock:
     def _outcome(
         self, acquired: Lease | None, current: Lease | None, give_up: float | None
     ) -> tuple[Lease | None, float]:
-        timing = self.timing
         if acquired is not None:
             return acquired, 0.0
-        now = clock()
-        if not self.blocking or (give_up is not None and now >= give_up):
+        if not self._may_wait(give_up):
             holder = (
                 f" by {current.holder} (token {current.token})"
                 if current
@@ -246,10 +248,18 @@ class Lock:
                 "has stopped believing it leads; or it was released just now)"
             )
             raise LeaseHeld(f"lease {self.name!r} is held{holder}")
-        pause = jitter.shorter(timing.retry_interval)  # waiters not in lockstep
+        return None, self._pause(give_up)
+
+    def _may_wait(self, give_up: float | None) -> bool:
+        return self.blocking and (give_up is None or clock() < give_up)
+
+    def _pause(self, give_up: float | None) -> float:
+        """How long to wait before the next attempt: about ``retry_interval`` (waiters not
+        in lockstep), no longer than the time left."""
+        pause = jitter.shorter(self.timing.retry_interval)
         if give_up is not None:
-            pause = min(pause, give_up - now)
-        return None, max(0.0, pause)
+            pause = min(pause, give_up - clock())
+        return max(0.0, pause)
 
     @property
     def _label(self) -> str:

@@ -7,11 +7,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from django_leader import LeadershipLost, LeaseHeld, lock
+from django_leader import BackendUnavailable, LeadershipLost, LeaseHeld, alock, lock
+from django_leader.exceptions import StoreBusy
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
 from tests.support.waiting import wait_until
@@ -305,3 +307,97 @@ def test_refusal_without_holder_names_force_release_and_lock_delay(
         lock(lease_name, backend=backend, blocking=False),
     ):
         pytest.fail("entered the lease of a force-released term")
+
+
+# -- SQLite's one write lock, held by another client -------------------------------------
+@pytest.fixture
+def sqlite_writer() -> Iterator[Callable[[float], threading.Thread]]:
+    """Holds the test SQLite database's write lock from a connection of its own (another
+    process's writer, as far as the backend can tell) for some seconds, in a thread."""
+    import sqlite3
+
+    from django.db import connections
+
+    path = connections["default"].settings_dict["NAME"]
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("the default database is not SQLite")
+    started: list[threading.Thread] = []
+
+    def hold(seconds: float) -> threading.Thread:
+        locked = threading.Event()
+
+        def run() -> None:
+            writer = sqlite3.connect(path, isolation_level=None)
+            try:
+                writer.execute("BEGIN IMMEDIATE")  # the database's one write lock
+                locked.set()
+                time.sleep(seconds)
+                writer.execute("COMMIT")
+            finally:
+                writer.close()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        assert locked.wait(WAIT)
+        started.append(thread)
+        return thread
+
+    yield hold
+    for thread in started:
+        thread.join(WAIT)
+
+
+@pytest.fixture
+def busy_sqlite() -> Iterator[Any]:
+    """A backend of the SQLite test database whose statements give up after 0.2 s busy."""
+    from django_leader.backends.db import DatabaseBackend
+
+    store = DatabaseBackend("default", timeout=0.2)
+    yield store
+    store.close()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+@pytest.mark.parametrize("kind", ["lock", "alock"])
+def test_blocking_lock_waits_out_another_clients_sqlite_write(
+    kind: str, sqlite_writer: Any, busy_sqlite: Any, lease_name: str
+) -> None:
+    """Another client's write transaction on SQLite outlasts the busy timeout of the
+    acquisition: that is contention, not an outage. A blocking lock() tries again, as for
+    a held lease, and enters once the writer is done (it raised BackendUnavailable at the
+    first busy answer: seen under load in test_async_multiprocess with nine contenders)."""
+    writer = sqlite_writer(1.0)
+    if kind == "lock":
+        with lock(lease_name, ttl=3, timeout=WAIT, backend=busy_sqlite) as lease:
+            assert not writer.is_alive()
+            assert lease.held
+    else:
+
+        async def enter() -> None:
+            async with alock(lease_name, ttl=3, timeout=WAIT, backend=busy_sqlite) as lease:
+                assert not writer.is_alive()
+                assert lease.held
+
+        asyncio.run(enter())
+    assert [event[0] for event in history(busy_sqlite, lease_name)] == ["acquired", "released"]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_a_busy_sqlite_is_reported_when_not_waiting_or_out_of_time(
+    sqlite_writer: Any, busy_sqlite: Any, lease_name: str
+) -> None:
+    """Not blocking, or blocking past its timeout, the lock says the store was busy
+    (StoreBusy, a BackendUnavailable), not that someone holds the lease."""
+    sqlite_writer(2.0)
+    with (
+        pytest.raises(StoreBusy, match="database is locked"),
+        lock(lease_name, ttl=3, blocking=False, backend=busy_sqlite),
+    ):
+        pytest.fail("entered while the database was locked")
+    started = time.monotonic()
+    with (
+        pytest.raises(BackendUnavailable, match="database is locked"),
+        lock(lease_name, ttl=3, timeout=0.6, backend=busy_sqlite),
+    ):
+        pytest.fail("entered while the database was locked")
+    assert time.monotonic() - started >= 0.6

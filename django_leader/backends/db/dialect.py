@@ -87,6 +87,11 @@ class Dialect:
         database's one write lock)."""
         return ""
 
+    def busy(self, exc: Exception) -> bool:
+        """Whether ``exc`` says another connection's write kept the database busy past the
+        statement's bound (contention: worth another try), not that it failed."""
+        return False
+
     def missing_file(self, name: str) -> bool:
         """Whether database ``name`` does not exist yet and connecting would create it
         (SQLite's file)."""

@@ -48,6 +48,10 @@ class SQLiteDialect(Dialect):
             "lease outside the transaction, or use PostgreSQL/MySQL)"
         )
 
+    def busy(self, exc: Exception) -> bool:
+        # SQLITE_BUSY after the busy timeout: another connection holds the write lock.
+        return "database is locked" in str(exc)
+
     def missing_file(self, name: str) -> bool:
         in_memory = name in ("", ":memory:") or "mode=memory" in name
         return not in_memory and not name.startswith("file:") and not os.path.exists(name)

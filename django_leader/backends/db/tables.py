@@ -11,7 +11,7 @@ from typing import Any
 from django.db import connections
 from django.db.utils import Error as DjangoDBError
 
-from ...exceptions import BackendUnavailable
+from ...exceptions import BackendUnavailable, StoreBusy
 from ...lease import EventKind, Lease
 from .dialect import Dialect, aware
 
@@ -87,7 +87,10 @@ class LeaseTables:
         except DjangoDBError as exc:
             self._disconnect()  # reconnect on the next call
             message = str(exc).strip() or type(exc).__name__
-            message += self.dialect.busy_hint(connections[self.alias])
+            hint = self.dialect.busy_hint(connections[self.alias])
+            if not hint and self.dialect.busy(exc):  # another's write, not this thread's
+                raise StoreBusy(f"database {self.alias!r}: {message}") from exc
+            message += hint
             if (
                 "no such table" in message
                 or "doesn't exist" in message
