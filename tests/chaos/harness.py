@@ -17,8 +17,8 @@ campaigning for one lease, and then, for ``duration`` seconds, lets a nemesis dr
     ``lease.fenced()``, holding the lease row locked, for 2.5-3.5 TTLs.
 ``clock-ahead``, ``clock-behind``, ``clock-slew``
     the WALL clock of one candidate (the leader's or a follower's, at random) stepped an
-    hour ahead or behind, or set running at twice or half speed (libfaketime starts a rate
-    with a step by the process's age times rate - 1), for 1-3 TTLs; then stepped back to
+    hour ahead or behind, or set running at twice or half speed (an offset the nemesis
+    moves every :data:`TICK`; the waits stay real), for 1-3 TTLs; then stepped back to
     the real time (``clock-back``, a fault record of its own: a step too). Every candidate
     runs under libfaketime (:data:`LIBFAKETIME`) with an offset file of its slot, which
     the nemesis rewrites; ``CLOCK_MONOTONIC`` and ``CLOCK_BOOTTIME`` stay real, as with an
@@ -580,8 +580,8 @@ class Harness:
         return self.workdir / f"faketime-{slot}"
 
     def set_clock(self, slot: str, spec: str) -> float:
-        """Set ``slot``'s wall clock to libfaketime's ``spec`` (``+3600``, ``-3600``,
-        ``+0 x2``...); the instant, on the boot clock."""
+        """Set ``slot``'s wall clock to libfaketime's ``spec`` (an offset: ``+3600``,
+        ``-3600``, ``+0.125``...); the instant, on the boot clock."""
         path = self.clock_file(slot)
         staged = path.with_name(path.name + ".new")
         staged.write_text(spec + "\n")
@@ -599,16 +599,33 @@ class Harness:
             role, victim = "follower", self.rng.choice(followers)
         else:
             return None
+        rate = 1.0
         if kind == "clock-ahead":
             spec = f"+{CLOCK_STEP}"
         elif kind == "clock-behind":
             spec = f"-{CLOCK_STEP}"
         else:
-            spec = f"+0 x{self.rng.choice(['2', '0.5'])}"
-        start = self.set_clock(victim, spec)
+            rate = self.rng.choice([2.0, 0.5])
+            spec = f"x{rate:g}"
+        start = self.set_clock(victim, "+0" if rate != 1.0 else spec)
         self.fault(kind, start, start, victim=victim, role=role, spec=spec,
                    identity=self.slots[victim])  # fmt: skip
-        self.wait(self.rng.uniform(1.0, 3.0) * self.config.ttl)
+        end = start + self.rng.uniform(1.0, 3.0) * self.config.ttl
+        if rate == 1.0:
+            self.until(lambda: clock() >= end, end - start + 1)
+        else:
+            # A slew: the wall clock runs at ``rate`` while the waits stay real, as under
+            # NTP (whose slews are far smaller). Not libfaketime's own rate (``+0 x2``),
+            # which also stretches or shrinks every select(), poll() and epoll_wait()
+            # timeout of the process by 1/rate: a process that sleeps twice as long, a
+            # different fault, that made a 0.75 s loop block look like 1.5 s without a
+            # leader. The offset follows the rate in steps of one TICK.
+            def slewing() -> bool:
+                now = clock()
+                self.set_clock(victim, f"{(rate - 1.0) * (min(now, end) - start):+.3f}")
+                return now >= end
+
+            self.until(slewing, end - start + 1)
         back = self.set_clock(victim, "+0")
         return self.fault("clock-back", back, back, victim=victim, role=role, spec="+0",
                           identity=self.slots[victim], after=kind)  # fmt: skip
