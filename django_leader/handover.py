@@ -145,7 +145,7 @@ def choose(
     return to, order
 
 
-def hand_over(
+def ask_for_handover(
     backend: Backend,
     name: str,
     to: str | None = None,

@@ -30,7 +30,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
 from ..exceptions import BackendUnavailable, NotSupportedError
-from ..handover import HandoverRefused, NobodyHolds, hand_over
+from ..handover import HandoverRefused, NobodyHolds, ask_for_handover
 from ..models import Lease
 from .constants import FREE, LEADING, STATE_LABELS
 from .periods import format_duration
@@ -179,7 +179,7 @@ class LeaseActions(admin.ModelAdmin):
         reason = " ".join(reason.split())[:400] or "in the Django admin"
         for name in names:
             try:
-                asked = hand_over(store.backend, name, to, actor=actor, reason=reason)
+                asked = ask_for_handover(store.backend, name, to, actor=actor, reason=reason)
             except NobodyHolds:
                 messages.warning(request, f"“{name}” was not held: nothing to hand over.")
                 continue

@@ -36,8 +36,8 @@ from django_leader.handover import (
     HandoverRefused,
     NobodyHolds,
     Waiting,
+    ask_for_handover,
     election_mode,
-    hand_over,
     waiting,
 )
 from django_leader.lease import Lease
@@ -297,7 +297,9 @@ class Command(BaseCommand):
         backend = get_backend()
         actor = f"manage.py leader handover ({getpass.getuser()})"
         try:
-            asked = hand_over(backend, name, options["to"], actor=actor, reason=options["reason"])
+            asked = ask_for_handover(
+                backend, name, options["to"], actor=actor, reason=options["reason"]
+            )
         except NobodyHolds:
             known = self._known(backend, name)
             text = (
