@@ -21,7 +21,8 @@ class BackendUnavailable(LeaderError):
 
 class StoreBusy(BackendUnavailable):
     """The store answered, but another client's write kept what the call needed for longer
-    than the call's bound (SQLite's one write lock): contention, not an outage. A blocking
+    than the call's bound (SQLite's one write lock; on MySQL/MariaDB a lease row locked by
+    its holder's ``fenced()``): contention, not an outage. A blocking
     :func:`~django_leader.lock` waits and tries again, as for a held lease, until its
     ``timeout`` runs out; then, and when not blocking, it raises this error."""
 

@@ -401,3 +401,37 @@ def test_a_busy_sqlite_is_reported_when_not_waiting_or_out_of_time(
     ):
         pytest.fail("entered while the database was locked")
     assert time.monotonic() - started >= 0.6
+
+
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_blocking_lock_waits_out_the_holders_fenced_transaction(
+    db_alias: str, lease_name: str
+) -> None:
+    """The holder is inside ``lease.fenced()`` (its lease row locked; on SQLite, the
+    database's write lock) for longer than the waiter's call bound; when it releases, the
+    blocking lock() enters. It raised BackendUnavailable on MariaDB ("Lock wait timeout
+    exceeded", 1205) and SQLite ("database is locked") instead: contention taken for an
+    outage. PostgreSQL waited already."""
+    from django_leader.backends.db import DatabaseBackend
+
+    holder_store, waiter_store = DatabaseBackend(db_alias), DatabaseBackend(db_alias, timeout=0.3)
+    inside, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with lock(lease_name, ttl=10, backend=holder_store) as lease, lease.fenced():
+                inside.set()
+                time.sleep(2.0)
+        finally:
+            done.set()
+            holder_store.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(WAIT)
+        with lock(lease_name, ttl=3, timeout=WAIT, backend=waiter_store) as lease:
+            assert done.is_set() and lease.held
+    finally:
+        holder.join(WAIT)
+        waiter_store.close()

@@ -12,6 +12,9 @@ from django.db.utils import Error as DjangoDBError
 
 from .dialect import Dialect, Key
 
+#: MySQL's and MariaDB's error number for a lock wait that ran out.
+LOCK_WAIT_TIMEOUT = 1205
+
 
 class MySQLDialect(Dialect):
     """``UTC_TIMESTAMP(6)``, ``INSERT IGNORE``; no ``RETURNING``."""
@@ -48,6 +51,11 @@ class MySQLDialect(Dialect):
         # the client (InnoDB's default wait is 50 s). Both MySQL and MariaDB know it.
         options.setdefault("init_command", f"SET SESSION innodb_lock_wait_timeout = {seconds}")
         return options
+
+    def busy(self, exc: Exception) -> bool:
+        # ER_LOCK_WAIT_TIMEOUT: the lease row is locked by its holder's fenced() (or
+        # another's statement) past innodb_lock_wait_timeout.
+        return bool(exc.args) and exc.args[0] == LOCK_WAIT_TIMEOUT
 
     def clock_seed(self) -> tuple[str, list[Any]]:
         # NOW(6) and UNIX_TIMESTAMP() both use the session time zone, which cancels out.
