@@ -121,6 +121,7 @@ class Lock:
         self.backend = resolve_backend(backend, self.timing)
         #: The lease of the last ``with`` block entered (in any thread).
         self.lease: Lease | None = None
+        self._busy = False  # whether this acquisition has logged a busy store
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r}>"
@@ -180,6 +181,7 @@ class Lock:
         cancelled task), it leaves nothing held."""
         give_up = None if self.timeout is None else clock() + self.timeout
         watch: Watch | None = None
+        self._busy = False
         try:
             while True:
                 yield REARM  # a release from now on wakes the wait below
@@ -213,9 +215,15 @@ class Lock:
             )
         except TimeoutError:
             raise self._unanswered(bound) from None
-        except StoreBusy:  # another client's write: contention, as if the lease were held
+        except StoreBusy as exc:  # another's write: contention, as if the lease were held
+            own = self.backend.own_transaction()  # this thread's: waiting would not end it
+            if own:
+                raise StoreBusy(f"{exc}{own}") from exc
             if not self._may_wait(give_up):
                 raise
+            if not self._busy:
+                logger.warning("%s: the store is busy, trying again: %s", self._label, exc)
+            self._busy = True
             return None, self._pause(give_up)
         return self._outcome(*granted, give_up)
 

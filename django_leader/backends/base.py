@@ -298,6 +298,13 @@ class Backend(ABC):
         (W017) then asks it whether it answers within the connect timeout."""
         return cls.ping is not Backend.ping
 
+    def own_transaction(self) -> str:
+        """Why the calling thread itself may keep the store busy: its own transaction on
+        it, still open (then a :class:`~django_leader.exceptions.StoreBusy` answer is not
+        waited out, the wait would be for the caller itself); ``''`` if none. Optional:
+        the default says none."""
+        return ""
+
     def shutdown(self) -> None:
         """Release everything this instance holds open (a store with a session of its own
         ends it); the default closes the calling thread's connection."""

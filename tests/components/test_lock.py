@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from django_leader import BackendUnavailable, LeadershipLost, LeaseHeld, alock, lock
+from django_leader import LeadershipLost, LeaseHeld, alock, lock
 from django_leader.exceptions import StoreBusy
 from tests.support.faults import FaultyBackend
 from tests.support.stores import history, stores_db
@@ -310,41 +310,52 @@ def test_refusal_without_holder_names_force_release_and_lock_delay(
 
 
 # -- SQLite's one write lock, held by another client -------------------------------------
-@pytest.fixture
-def sqlite_writer() -> Iterator[Callable[[float], threading.Thread]]:
-    """Holds the test SQLite database's write lock from a connection of its own (another
-    process's writer, as far as the backend can tell) for some seconds, in a thread."""
-    import sqlite3
+class Writer:
+    """Another client's write transaction on the test SQLite database (another process's,
+    as far as the backend can tell), holding the database's one write lock until
+    :meth:`commit`, in a thread of its own."""
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.locked, self.committing, self.go = (threading.Event() for _ in range(3))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.locked.wait(WAIT)
+
+    def _run(self) -> None:
+        import sqlite3
+
+        writer = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            writer.execute("BEGIN IMMEDIATE")  # the database's one write lock
+            self.locked.set()
+            self.go.wait(WAIT)
+            self.committing.set()  # before the lock is let go: nobody gets in sooner
+            writer.execute("COMMIT")
+        finally:
+            writer.close()
+
+    def commit(self, after: float = 0.0) -> None:
+        """Let the write lock go, now or ``after`` seconds from now."""
+        threading.Timer(after, self.go.set).start()
+
+
+@pytest.fixture
+def sqlite_writer() -> Iterator[Callable[[], Writer]]:
     from django.db import connections
 
-    path = connections["default"].settings_dict["NAME"]
     if connections["default"].vendor != "sqlite":
         pytest.skip("the default database is not SQLite")
-    started: list[threading.Thread] = []
+    writers: list[Writer] = []
 
-    def hold(seconds: float) -> threading.Thread:
-        locked = threading.Event()
+    def start() -> Writer:
+        writers.append(Writer(connections["default"].settings_dict["NAME"]))
+        return writers[-1]
 
-        def run() -> None:
-            writer = sqlite3.connect(path, isolation_level=None)
-            try:
-                writer.execute("BEGIN IMMEDIATE")  # the database's one write lock
-                locked.set()
-                time.sleep(seconds)
-                writer.execute("COMMIT")
-            finally:
-                writer.close()
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        assert locked.wait(WAIT)
-        started.append(thread)
-        return thread
-
-    yield hold
-    for thread in started:
-        thread.join(WAIT)
+    yield start
+    for writer in writers:
+        writer.go.set()
+        writer.thread.join(WAIT)
 
 
 @pytest.fixture
@@ -366,17 +377,16 @@ def test_blocking_lock_waits_out_another_clients_sqlite_write(
     acquisition: that is contention, not an outage. A blocking lock() tries again, as for
     a held lease, and enters once the writer is done (it raised BackendUnavailable at the
     first busy answer: seen under load in test_async_multiprocess with nine contenders)."""
-    writer = sqlite_writer(1.0)
+    writer = sqlite_writer()
+    writer.commit(after=1.0)
     if kind == "lock":
         with lock(lease_name, ttl=3, timeout=WAIT, backend=busy_sqlite) as lease:
-            assert not writer.is_alive()
-            assert lease.held
+            assert writer.committing.is_set() and lease.held
     else:
 
         async def enter() -> None:
             async with alock(lease_name, ttl=3, timeout=WAIT, backend=busy_sqlite) as lease:
-                assert not writer.is_alive()
-                assert lease.held
+                assert writer.committing.is_set() and lease.held
 
         asyncio.run(enter())
     assert [event[0] for event in history(busy_sqlite, lease_name)] == ["acquired", "released"]
@@ -388,7 +398,7 @@ def test_a_busy_sqlite_is_reported_when_not_waiting_or_out_of_time(
 ) -> None:
     """Not blocking, or blocking past its timeout, the lock says the store was busy
     (StoreBusy, a BackendUnavailable), not that someone holds the lease."""
-    sqlite_writer(2.0)
+    writer = sqlite_writer()
     with (
         pytest.raises(StoreBusy, match="database is locked"),
         lock(lease_name, ttl=3, blocking=False, backend=busy_sqlite),
@@ -396,11 +406,35 @@ def test_a_busy_sqlite_is_reported_when_not_waiting_or_out_of_time(
         pytest.fail("entered while the database was locked")
     started = time.monotonic()
     with (
-        pytest.raises(BackendUnavailable, match="database is locked"),
+        pytest.raises(StoreBusy, match="database is locked"),
         lock(lease_name, ttl=3, timeout=0.6, backend=busy_sqlite),
     ):
         pytest.fail("entered while the database was locked")
     assert time.monotonic() - started >= 0.6
+    assert not writer.committing.is_set()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default"])
+def test_a_lock_inside_the_threads_own_sqlite_write_is_not_waited_out(
+    busy_sqlite: Any, lease_name: str
+) -> None:
+    """This thread's own transaction.atomic() holds SQLite's write lock: a blocking lock()
+    would wait for itself. It raises StoreBusy at once, saying why."""
+    from django.db import connections, transaction
+
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("the default database is not SQLite")
+    started = time.monotonic()
+    with transaction.atomic(using="default"):
+        connections["default"].cursor().execute(
+            "UPDATE django_leader_lease SET holder = holder WHERE name = %s", [lease_name]
+        )  # a write: the transaction takes the database's write lock
+        with (
+            pytest.raises(StoreBusy, match=r"this thread's own transaction\.atomic\(\)"),
+            lock(lease_name, ttl=3, timeout=WAIT, backend=busy_sqlite),
+        ):
+            pytest.fail("entered while this thread held the write lock")
+    assert time.monotonic() - started < WAIT
 
 
 @pytest.mark.django_db(transaction=True, databases="__all__")
@@ -415,15 +449,16 @@ def test_blocking_lock_waits_out_the_holders_fenced_transaction(
     from django_leader.backends.db import DatabaseBackend
 
     holder_store, waiter_store = DatabaseBackend(db_alias), DatabaseBackend(db_alias, timeout=0.3)
-    inside, done = threading.Event(), threading.Event()
+    inside, fenced_over = threading.Event(), threading.Event()
 
     def hold() -> None:
         try:
-            with lock(lease_name, ttl=10, backend=holder_store) as lease, lease.fenced():
-                inside.set()
-                time.sleep(2.0)
+            with lock(lease_name, ttl=10, backend=holder_store) as lease:
+                with lease.fenced():
+                    inside.set()
+                    time.sleep(2.0)
+                fenced_over.set()  # before the release: nobody gets in sooner
         finally:
-            done.set()
             holder_store.close()
 
     holder = threading.Thread(target=hold)
@@ -431,7 +466,7 @@ def test_blocking_lock_waits_out_the_holders_fenced_transaction(
     try:
         assert inside.wait(WAIT)
         with lock(lease_name, ttl=3, timeout=WAIT, backend=waiter_store) as lease:
-            assert done.is_set() and lease.held
+            assert fenced_over.is_set() and lease.held
     finally:
         holder.join(WAIT)
         waiter_store.close()

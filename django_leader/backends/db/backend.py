@@ -104,6 +104,15 @@ class DatabaseBackend(Backend):
     def close(self) -> None:
         self._private.close()
 
+    def own_transaction(self) -> str:
+        connection = connections[self.alias]  # the calling thread's
+        if not connection.in_atomic_block:
+            return ""
+        return self.dialect.busy_hint(connection) or (
+            f" (this thread's transaction.atomic() on {self.alias!r} is open: it may hold "
+            "the lock the lease operation waits for; take the lease outside it)"
+        )
+
     def _cursor(self, atomic: bool) -> AbstractContextManager[Any]:
         """A cursor on the private connection; errors become BackendUnavailable."""
         return self._tables.cursor(atomic)

@@ -12,8 +12,9 @@ from django.db.utils import Error as DjangoDBError
 
 from .dialect import Dialect, Key
 
-#: MySQL's and MariaDB's error number for a lock wait that ran out.
-LOCK_WAIT_TIMEOUT = 1205
+#: MySQL's and MariaDB's error numbers of contention: ER_LOCK_WAIT_TIMEOUT (a lock wait
+#: that ran out) and ER_LOCK_DEADLOCK.
+CONTENDED = (1205, 1213)
 
 
 class MySQLDialect(Dialect):
@@ -45,17 +46,22 @@ class MySQLDialect(Dialect):
         # is three times the option; MariaDB Connector/C (client version 3.x) gives up after
         # one. Either way no less than 1 s per try.
         tries = 1 if _mariadb_client() else 3
-        options.setdefault("read_timeout", max(1, math.ceil(timeout / tries)))
-        options.setdefault("write_timeout", seconds)
         # A lease statement waiting on a row lock gives up on the server too, not only in
-        # the client (InnoDB's default wait is 50 s). Both MySQL and MariaDB know it.
-        options.setdefault("init_command", f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+        # the client (InnoDB's default wait is 50 s), a second before the client would: the
+        # server's "Lock wait timeout exceeded" says the row is busy (StoreBusy, waited out
+        # by a blocking lock()), where a client's timeout could only say it did not answer.
+        lock_wait = max(1, seconds - 1)
+        read = max(1, math.ceil(timeout / tries), math.ceil((lock_wait + 1) / tries))
+        options.setdefault("read_timeout", read)
+        options.setdefault("write_timeout", seconds)
+        options.setdefault("init_command", f"SET SESSION innodb_lock_wait_timeout = {lock_wait}")
         return options
 
     def busy(self, exc: Exception) -> bool:
-        # ER_LOCK_WAIT_TIMEOUT: the lease row is locked by its holder's fenced() (or
-        # another's statement) past innodb_lock_wait_timeout.
-        return bool(exc.args) and exc.args[0] == LOCK_WAIT_TIMEOUT
+        # The lease row locked by its holder's fenced() (or another's statement) past
+        # innodb_lock_wait_timeout, or a deadlock (InnoDB rolled the whole transaction
+        # back: trying again is safe).
+        return bool(exc.args) and exc.args[0] in CONTENDED
 
     def clock_seed(self) -> tuple[str, list[Any]]:
         # NOW(6) and UNIX_TIMESTAMP() both use the session time zone, which cancels out.
