@@ -673,6 +673,10 @@ PARTITIONS: dict[str, tuple[float, float]] = {
     "part-follower": (1.0, 2.5),  # a candidate that does not lead cut off
     "part-store": (0.5, 2.0),  # the store cut off from everyone
 }
+#: The weight of each network fault kind against the others' 1: a store with many faults
+#: of its own (Redis: flush, three restarts, conn-kill) still gets more than 30 % of its
+#: faults from the network.
+NETWORK_WEIGHT = 1.5
 #: Seconds allowed on top of the liveness bound after the store was cut off from
 #: everyone, for the candidates' connections to come back (docs/chaos.md, "Partitions").
 RECONNECT = 0.0
@@ -691,7 +695,7 @@ FAULTS: list[FaultKind] = [
     *(FaultKind(name, partial(Harness.partition, kind=name),
                 (lambda h, leader: bool(h.followers(leader))) if name == "part-follower"
                 else (lambda h, leader: True) if name == "part-store" else _leads,
-                network=True)
+                weight=NETWORK_WEIGHT, network=True)
       for name in PARTITIONS),
     FaultKind("stall", partial(Harness.stall, kind="stall"),
               lambda h, leader: _leads(h, leader) and leader is not None
