@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,59 @@ def test_holder_frozen_inside_fenced_does_not_block_takeover(
     outcome = frozen_holder.wait_for("outcome", PATIENCE)
     assert outcome["result"] != "committed"
     assert not FencedWrite.objects.using(server_alias).filter(writer="frozen").exists()
+
+
+def test_a_lease_transaction_whose_client_went_silent_is_aborted_by_the_server(
+    server_alias: str, lease_name: str
+) -> None:
+    """A holder's lease statement is a transaction on its private connection (MySQL's
+    renewal: lock the rows, update them, commit); a holder cut off half-way (a partition,
+    a frozen process) keeps the row locked until the server ends that transaction. The
+    server must, within about the call timeout: here the holder's connection locks the row
+    and then says nothing, as a cut-off client would. On MariaDB the row stayed locked (for
+    ``wait_timeout``, 8 hours): the chaos run of 27 November saw no leader for 6.85 s after
+    a partition of the leader, every candidate's acquisition failing with "Lock wait
+    timeout exceeded", until TCP carried the cut-off client's FIN after the heal."""
+    holder = DatabaseBackend(server_alias, timeout=0.5)
+    taker = DatabaseBackend(server_alias, timeout=0.5)
+    lease, _ = holder.acquire(lease_name, "holder", 1.0)
+    assert lease is not None
+    locked, done = threading.Event(), threading.Event()
+
+    def go_silent() -> None:
+        wrapper = holder._private.get()
+        try:
+            wrapper.set_autocommit(False)
+            with wrapper.cursor() as cursor:
+                cursor.execute(
+                    "SELECT token FROM django_leader_lease WHERE name = %s FOR UPDATE",
+                    [lease_name],
+                )
+                locked.set()
+                done.wait(PATIENCE + 5)  # a client cut off: nothing more is sent
+        finally:
+            holder.close()
+
+    silent = threading.Thread(target=go_silent)
+    silent.start()
+    try:
+        assert locked.wait(PATIENCE)
+        locked_at = time.monotonic()
+        taken = None
+        while taken is None and time.monotonic() - locked_at < PATIENCE:
+            with suppress(BackendUnavailable):  # the row still locked: "Lock wait timeout"
+                taken, _ = taker.acquire(lease_name, "taker", 1.0)
+            if taken is None:
+                time.sleep(RETRY)
+        assert taken is not None, f"the row stayed locked for {PATIENCE}s"
+        # The lease (ttl 1 s) expired first; then the server's bound on the idle
+        # transaction: MariaDB's idle_transaction_timeout (1 s here), PostgreSQL's
+        # idle_in_transaction_session_timeout (4 x 0.5 s).
+        print(f"taken {time.monotonic() - locked_at:.2f}s after the holder went silent")
+    finally:
+        done.set()
+        silent.join(PATIENCE + 10)
+        taker.close()
 
 
 def test_slow_holder_past_its_deadline_does_not_commit(db_alias: str, lease_name: str) -> None:

@@ -54,7 +54,16 @@ class MySQLDialect(Dialect):
         read = max(1, math.ceil(timeout / tries), math.ceil((lock_wait + 1) / tries))
         options.setdefault("read_timeout", read)
         options.setdefault("write_timeout", seconds)
-        options.setdefault("init_command", f"SET SESSION innodb_lock_wait_timeout = {lock_wait}")
+        # A transaction of a lease statement (MySQL's renewal locks the rows, then updates
+        # them, then commits) whose client was cut off or frozen half-way must not keep the
+        # rows locked until the server's TCP notices: MariaDB aborts a transaction idle for
+        # idle_transaction_timeout (an executable comment: MySQL has no such variable and
+        # skips it; there, see docs/safety.md).
+        options.setdefault(
+            "init_command",
+            f"SET SESSION innodb_lock_wait_timeout = {lock_wait}"
+            f" /*M!100300 , SESSION idle_transaction_timeout = {seconds} */",
+        )
         return options
 
     def busy(self, exc: Exception) -> bool:
