@@ -599,7 +599,7 @@ class Harness:
             role, victim = "follower", self.rng.choice(followers)
         else:
             return None
-        rate = 1.0
+        slew, rate = kind == "clock-slew", 1.0
         if kind == "clock-ahead":
             spec = f"+{CLOCK_STEP}"
         elif kind == "clock-behind":
@@ -607,12 +607,12 @@ class Harness:
         else:
             rate = self.rng.choice([2.0, 0.5])
             spec = f"x{rate:g}"
-        start = self.set_clock(victim, "+0" if rate != 1.0 else spec)
+        start = self.set_clock(victim, "+0" if slew else spec)
         self.fault(kind, start, start, victim=victim, role=role, spec=spec,
                    identity=self.slots[victim])  # fmt: skip
-        end = start + self.rng.uniform(1.0, 3.0) * self.config.ttl
-        if rate == 1.0:
-            self.until(lambda: clock() >= end, end - start + 1)
+        seconds = self.rng.uniform(1.0, 3.0) * self.config.ttl
+        if not slew:
+            self.wait(seconds)
         else:
             # A slew: the wall clock runs at ``rate`` while the waits stay real, as under
             # NTP (whose slews are far smaller). Not libfaketime's own rate (``+0 x2``),
@@ -620,12 +620,14 @@ class Harness:
             # timeout of the process by 1/rate: a process that sleeps twice as long, a
             # different fault, that made a 0.75 s loop block look like 1.5 s without a
             # leader. The offset follows the rate in steps of one TICK.
+            end = start + seconds
+
             def slewing() -> bool:
                 now = clock()
                 self.set_clock(victim, f"{(rate - 1.0) * (min(now, end) - start):+.3f}")
                 return now >= end
 
-            self.until(slewing, end - start + 1)
+            self.until(slewing, seconds + 1)
         back = self.set_clock(victim, "+0")
         return self.fault("clock-back", back, back, victim=victim, role=role, spec="+0",
                           identity=self.slots[victim], after=kind)  # fmt: skip

@@ -159,31 +159,34 @@ class RenewalMachine(GrantMachine):
         above and below; this one makes the common path likely)."""
         self.send_renewal()
         self.short_tick(before)
-        pending = [(n, r) for n, rs in self.renewals.items() for r in rs if not r.applied]
+        pending = self._renewals(applied=False)
         for name, renewal in pending:
-            renewal.applied = True
-            renewal.answer = self.store.renew(self.renewers[name].lease, TIMING.ttl)
+            self._apply(name, renewal)
         self.short_tick(after)
         for name, renewal in pending:
             self._take_answer(name, renewal, lost)
 
-    @precondition(lambda self: any(not r.applied for rs in self.renewals.values() for r in rs))
+    @precondition(lambda self: bool(self._renewals(applied=False)))
     @rule(data=st.data())
     def apply_renewal(self, data: st.DataObject) -> None:
         """The store applies a renewal sent."""
-        pending = [(n, r) for n, rs in self.renewals.items() for r in rs if not r.applied]
-        name, renewal = data.draw(st.sampled_from(pending))
-        renewal.applied = True
-        renewal.answer = self.store.renew(self.renewers[name].lease, TIMING.ttl)
+        self._apply(*data.draw(st.sampled_from(self._renewals(applied=False))))
 
-    @precondition(lambda self: any(r.applied for rs in self.renewals.values() for r in rs))
+    @precondition(lambda self: bool(self._renewals(applied=True)))
     @rule(data=st.data(), lost=st.booleans())
     def answer_renewal(self, data: st.DataObject, lost: bool) -> None:
         """An applied renewal's answer reaches the holder (``Renewer.renewed`` decides), or
         is lost (the session retries, or the deadline passes)."""
-        answered = [(n, r) for n, rs in self.renewals.items() for r in rs if r.applied]
-        name, renewal = data.draw(st.sampled_from(answered))
+        name, renewal = data.draw(st.sampled_from(self._renewals(applied=True)))
         self._take_answer(name, renewal, lost)
+
+    def _renewals(self, applied: bool) -> list[tuple[str, Renewal]]:
+        """The renewals in flight, by holder: those the store applied, or not yet."""
+        return [(n, r) for n, rs in self.renewals.items() for r in rs if r.applied == applied]
+
+    def _apply(self, name: str, renewal: Renewal) -> None:
+        renewal.applied = True
+        renewal.answer = self.store.renew(self.renewers[name].lease, TIMING.ttl)
 
     def _take_answer(self, name: str, renewal: Renewal, lost: bool) -> None:
         self.renewals[name].remove(renewal)
