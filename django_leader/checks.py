@@ -446,3 +446,30 @@ def check_celery_broker(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             id="django_leader.W014",
         )
     ]
+
+
+#: Seconds the replication check waits for the store.
+REPLICATION_CHECK_TIMEOUT = 3.0
+
+
+@register(Tags.database)
+@never_raises
+def check_replication(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W020… : what a failover of the lease store's replicas can do (SPEC rule 9), as the
+    backend tells (:meth:`Backend.check_replication`). A database check, like W017: run by
+    ``manage.py check --database default`` and ``migrate``, never on every command."""
+    from .backends.base import Backend
+    from .conf import get_settings
+
+    if not databases:
+        return []
+    try:
+        conf = get_settings()
+        backend_class = import_string(conf.backend)
+    except (ImproperlyConfigured, ImportError):
+        return []  # reported by check_settings
+    if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
+        return []
+    return backend_class.check_replication(conf, REPLICATION_CHECK_TIMEOUT)

@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_DELAY": None,
     "ELECTION_MODE": "race",
     "ZOOKEEPER": None,
+    "REDIS_WAIT_REPLICAS": 0,
     # django_leader.tasks: entry name -> {"task", "every", ...} (its check is registered there)
     "TASKS_SCHEDULE": {},
 }
@@ -139,6 +140,9 @@ class LeaderSettings:
     election_mode: str = "race"
     #: The ZooKeeper backend's connection (``ZOOKEEPER``), validated.
     zookeeper: ZooKeeperSettings | None = None
+    #: Replicas that must confirm every lease write of the Redis backend (``WAIT``) before
+    #: it counts (``REDIS_WAIT_REPLICAS``; 0: none). See docs/production.md.
+    redis_wait_replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,12 @@ def _build() -> LeaderSettings:
             f"got {lock_delay!r}"
         )
     zookeeper = _validate_zookeeper(conf["ZOOKEEPER"])
+    wait_replicas = conf["REDIS_WAIT_REPLICAS"]
+    if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
+        raise ImproperlyConfigured(
+            "DJANGO_LEADER['REDIS_WAIT_REPLICAS'] must be a whole number >= 0 (how many "
+            f"replicas must confirm each lease write), got {wait_replicas!r}"
+        )
     for key, check in _setting_checks.items():
         if conf[key]:
             check(conf[key])  # ImproperlyConfigured naming the key and the rule
@@ -250,6 +260,7 @@ def _build() -> LeaderSettings:
         beat_scheduler=conf["BEAT_SCHEDULER"],
         lock_delay=float(lock_delay),
         zookeeper=zookeeper,
+        redis_wait_replicas=wait_replicas,
     )
 
 

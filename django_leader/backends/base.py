@@ -286,6 +286,14 @@ class Backend(ABC):
         return []
 
     # -- reachability -----------------------------------------------------------------------
+    @classmethod
+    def check_replication(cls, conf: LeaderSettings, timeout: float) -> list[CheckMessage]:
+        """System check messages on what a failover of the store's replicas can do with
+        leases (SPEC rule 9), asking the store within ``timeout`` seconds; nothing when it
+        does not answer. Run by ``manage.py check --database <alias>`` (a database check:
+        never on every command). The default: none."""
+        return []
+
     def ping(self, timeout: float) -> float:
         """Seconds one round trip to the store took, within ``timeout``; else
         :class:`~django_leader.exceptions.BackendUnavailable`. Optional: the default raises

@@ -6,13 +6,13 @@ the beat and the checks need."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 
 from django_leader.backends.redis.batch import BatchRenewal
-from django_leader.backends.redis.client import redis_client
+from django_leader.backends.redis.client import bounded, redis_client
 from django_leader.backends.redis.leases import RedisLeases
 from django_leader.backends.redis.listen import WakeUps
 from django_leader.backends.redis.registry import Registry
@@ -64,5 +64,57 @@ class RedisBackend(RedisLeases, BatchRenewal, Registry, WakeUps):
             ]
         return []
 
+    @classmethod
+    def check_replication(cls, conf: LeaderSettings, timeout: float) -> list[CheckMessage]:
+        """W020/W021: what a failover can do with the replicas the primary has (see
+        :func:`check_replicas`)."""
+        try:
+            client = redis_client(caches[conf.cache])
+        except Exception:  # reported by check_configuration (E004)
+            return []
+        return check_replicas(conf, bounded(client, timeout))
+
     def close(self) -> None:
         """Connections are pooled by redis-py and shared by threads: nothing per thread."""
+
+
+def check_replicas(conf: LeaderSettings, client: Any) -> list[CheckMessage]:
+    """W020 when the primary has replicas (or stands behind Sentinels) and lease writes do
+    not wait for any (``REDIS_WAIT_REPLICAS`` 0); W021 when they wait for more replicas
+    than the primary has. Nothing when Redis does not answer (E-checks of the connection
+    are the backend's calls' business)."""
+    import redis
+    from django.core.checks import Warning
+    from redis.sentinel import SentinelConnectionPool
+
+    try:
+        replicas = int(client.info("replication").get("connected_slaves", 0))
+    except redis.RedisError:
+        return []
+    sentinel = isinstance(client.connection_pool, SentinelConnectionPool)
+    wait = conf.redis_wait_replicas
+    where = f"DJANGO_LEADER['CACHE'] {conf.cache!r}"
+    if wait == 0 and (replicas or sentinel):
+        return [
+            Warning(
+                f"{where}: the Redis primary has {replicas} replica(s)"
+                f"{' behind Sentinels' if sentinel else ''} and lease writes do not wait for "
+                "any (REDIS_WAIT_REPLICAS is 0). A failover may promote a replica that "
+                "missed a lease write (the lock-delay then covers it), but a primary split "
+                "off by the failover goes on renewing its holder's lease while another "
+                "candidate leads through the new primary: two leaders.",
+                hint="Set DJANGO_LEADER['REDIS_WAIT_REPLICAS'] to 1 or more (at most the "
+                "replicas the primary keeps); see docs/production.md.",
+                id="django_leader.W020",
+            )
+        ]
+    if wait > replicas:
+        return [
+            Warning(
+                f"{where}: REDIS_WAIT_REPLICAS is {wait} but the Redis primary has "
+                f"{replicas} replica(s) connected: every lease write fails until {wait} are.",
+                hint="Lower DJANGO_LEADER['REDIS_WAIT_REPLICAS'] or add replicas.",
+                id="django_leader.W021",
+            )
+        ]
+    return []

@@ -4,7 +4,6 @@ on its own exactly as by a single renewal."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from django_leader.backends.redis.store import RedisStore, to_ms
 from django_leader.lease import Lease
@@ -20,9 +19,8 @@ class BatchRenewal(RedisStore):
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         """:meth:`renew` each of ``leases``: one script per ``BATCH`` (2,500) leases (each
         lease renewed or refused on its own, exactly as by ``renew``), all sent in one
-        pipeline: one round trip for any count."""
-        import redis
-
+        pipeline: one round trip for any count (with ``WAIT`` at its end, if
+        ``REDIS_WAIT_REPLICAS`` asks for it)."""
         if not leases:
             return []
         keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
@@ -33,30 +31,7 @@ class BatchRenewal(RedisStore):
             script_keys = [key for name, _, _ in chunk for key in self.keys(name)]
             args = [arg for name, holder, token in chunk for arg in (holder, token, name)]
             calls.append([len(script_keys) + 1, *script_keys, terms, ms, *args])
-        replies: list[Any] = [None] * len(calls)
-        try:
-            pending = list(range(len(calls)))
-            for _ in range(2):  # once more after loading the script (NOSCRIPT)
-                pipe = self.client.pipeline(transaction=False)
-                for index in pending:
-                    pipe.evalsha(self._renew_many.sha, *calls[index])
-                results = pipe.execute(raise_on_error=False)
-                missing = []
-                for index, result in zip(pending, results, strict=True):
-                    if isinstance(result, redis.exceptions.NoScriptError):
-                        missing.append(index)
-                    elif isinstance(result, Exception):
-                        raise result
-                    else:
-                        replies[index] = result
-                if not missing:
-                    break
-                self._renew_many.sha = self.client.script_load(self._renew_many.script)
-                pending = missing
-            else:
-                raise redis.exceptions.NoScriptError("renew_many: the script was not loaded")
-        except redis.RedisError as exc:
-            raise self.unavailable(exc) from exc
+        replies = self.pipelined(self._renew_many, calls, durable=True)
         found = {
             key: reply
             for chunk, chunk_replies in zip(chunks, replies, strict=True)

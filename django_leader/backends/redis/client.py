@@ -39,21 +39,43 @@ def redis_client(cache: Any) -> Any:
 def bounded(client: Any, timeout: float) -> Any:
     """A client on the same server whose every call is bounded by ``timeout`` seconds.
 
-    Only for a plain connection pool; Sentinel and other pools are used as configured
-    (set their ``socket_timeout`` yourself).
+    For a plain connection pool, and for a Sentinel pool (django-redis's ``SentinelClient``):
+    then the Sentinels are asked for the primary with the same bound, and every new
+    connection goes to the primary they name (after a failover, the promoted replica).
+    Other pools are used as configured (set their ``socket_timeout`` yourself).
     """
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
+    from redis.sentinel import Sentinel, SentinelConnectionPool
 
     pool = client.connection_pool
-    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+    sentinel = type(pool) is SentinelConnectionPool
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool) and not sentinel:
         return client
     kwargs = dict(pool.connection_kwargs)
     kwargs["socket_timeout"] = timeout
     kwargs["socket_connect_timeout"] = timeout
     kwargs["retry"] = Retry(NoBackoff(), 0)  # the election loop retries, on its own schedule
     kwargs.pop("retry_on_timeout", None)
+    if sentinel:
+        kwargs.pop("connection_pool", None)  # the pool's proxy, made anew below
+        manager = pool.sentinel_manager
+        asked = {**manager.sentinel_kwargs, "socket_timeout": timeout,
+                 "socket_connect_timeout": timeout}  # fmt: skip
+        found = [s.connection_pool.connection_kwargs for s in manager.sentinels]
+        addresses = [(address["host"], address["port"]) for address in found]
+        manager = Sentinel(
+            addresses, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=asked
+        )
+        # Always the primary: a lease is written, and read, where it is decided.
+        return redis.Redis(
+            connection_pool=SentinelConnectionPool(
+                pool.service_name, manager, is_master=True,
+                check_connection=pool.check_connection,
+                connection_class=pool.connection_class, **kwargs,
+            )
+        )  # fmt: skip
     # A blocking pool: a call beyond max_connections at once waits for a free connection
     # (within the bound) instead of failing with "Too many connections" — one process may
     # run many Electors and locks. The limit is the project's pool's, at least 100.

@@ -4,11 +4,13 @@ wake-up), force-release, read, list the names, and the hand-over request."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
-from django_leader.backends.redis.store import RedisStore, text, to_ms, to_time
+from django_leader.backends.redis.store import NotConfirmed, RedisStore, text, to_ms, to_time
 from django_leader.backends.wakeups import channel
 from django_leader.conf import lock_delay
+from django_leader.exceptions import BackendUnavailable
 from django_leader.lease import EventKind, Lease
 
 logger = logging.getLogger("django_leader")
@@ -21,15 +23,25 @@ class RedisLeases(RedisStore):
 
     def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
         delay = lock_delay(ttl)
-        reply = self._call(
-            self._acquire,
-            name,
-            holder,
-            to_ms(ttl),
-            name,
-            to_ms(delay),
-            extra=(self.store_key(), self.terms_key()),
-        )
+        try:
+            reply = self._call(
+                self._acquire,
+                name,
+                holder,
+                to_ms(ttl),
+                name,
+                to_ms(delay),
+                extra=(self.store_key(), self.terms_key()),
+                durable=True,
+            )
+        except NotConfirmed as exc:
+            taken = self._lease(name, exc.replies[0])
+            if taken is not None and int(exc.replies[0][0]):
+                # The primary granted it, the replicas did not confirm it: not ours to
+                # act on. Give it back at once rather than let it keep others out.
+                with contextlib.suppress(BackendUnavailable):
+                    self.release(taken)
+            raise
         if text(reply[10]) == "1":
             logger.warning(
                 "redis cache %r has lost state (flushed, restarted, restored or failed over): "
@@ -63,6 +75,7 @@ class RedisLeases(RedisStore):
             to_ms(ttl),
             lease.name,
             extra=(self.terms_key(),),
+            durable=True,
         )
         return self._renewed(lease.name, reply)
 

@@ -73,11 +73,13 @@ class RedisSlots(SlotStore):
 
     def claim(self, lease: Lease, slot: Slot) -> None:
         lease.check()
-        written = self._call(
+        # Durable: a claim a failover lost would let the next leader send the slot again.
+        written = self.backend.pipelined(
             self._claim,
-            keys=self.keys(lease.name),
-            args=[lease.holder, str(lease.token), slot.entry, slot.as_json()],
-        )
+            [[2, *self.keys(lease.name), lease.holder, str(lease.token), slot.entry,
+              slot.as_json()]],
+            durable=True,
+        )[0]  # fmt: skip
         if not int(written):
             raise LeadershipLost(
                 f"lease {lease.name!r} is no longer held by {lease.holder} with token {lease.token}"

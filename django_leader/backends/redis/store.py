@@ -50,6 +50,15 @@ def to_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+class NotConfirmed(BackendUnavailable):
+    """A lease write that fewer replicas confirmed than ``REDIS_WAIT_REPLICAS`` asks for: it
+    does not count. :attr:`replies` are the scripts' replies (what the primary did)."""
+
+    def __init__(self, message: str, replies: list[Any]) -> None:
+        super().__init__(message)
+        self.replies = replies
+
+
 class RedisStore(WrittenAfterwards, Backend):
     """The Redis behind ``DJANGO_LEADER["CACHE"]`` (default ``"default"``), as the parts of
     :class:`~django_leader.backends.redis.RedisBackend` use it."""
@@ -58,7 +67,12 @@ class RedisStore(WrittenAfterwards, Backend):
         conf = get_settings()
         self.alias = cache or conf.cache
         self.cache = caches[self.alias]
-        self.client = bounded(redis_client(self.cache), timeout or conf.timing.call_timeout)
+        call_timeout = timeout or conf.timing.call_timeout
+        self.client = bounded(redis_client(self.cache), call_timeout)
+        #: Replicas that must confirm a lease write (``REDIS_WAIT_REPLICAS``), and how long
+        #: ``WAIT`` may wait for them: half the call's bound, the rest for the round trip.
+        self.wait_replicas = conf.redis_wait_replicas
+        self.wait_ms = max(1, round(call_timeout * 500))
         self.history_database = conf.database if conf.history else None
         self._history = HistoryWriter(conf.database) if conf.history else None
         self._acquire = self.client.register_script(ACQUIRE)
@@ -119,13 +133,71 @@ class RedisStore(WrittenAfterwards, Backend):
         *args: Any,
         parts: tuple[str, ...] = ("lease", "meta"),
         extra: tuple[str, ...] = (),
+        durable: bool = False,
     ) -> Any:
+        """``script`` on ``name``'s keys (``parts``) and ``extra``. A ``durable`` call (a
+        lease write) counts only once ``REDIS_WAIT_REPLICAS`` replicas have it: else
+        :class:`NotConfirmed`, which is a :class:`BackendUnavailable`."""
         import redis
 
+        keys = [*self.keys(name, parts), *extra]
+        if durable:
+            return self.pipelined(script, [[len(keys), *keys, *args]], durable=True)[0]
         try:
-            return script(keys=[*self.keys(name, parts), *extra], args=list(args))
+            return script(keys=keys, args=list(args))
         except redis.RedisError as exc:
             raise self.unavailable(exc) from exc
+
+    def pipelined(self, script: Any, calls: list[list[Any]], *, durable: bool) -> list[Any]:
+        """``EVALSHA script`` with each of ``calls`` (numkeys, keys, args) in one pipeline,
+        one round trip: the replies in order. A ``durable`` pipeline ends with ``WAIT``: if
+        fewer than ``REDIS_WAIT_REPLICAS`` replicas confirm its writes within
+        :attr:`wait_ms`, :class:`NotConfirmed` carries the replies."""
+        import redis
+
+        replies: list[Any] = [None] * len(calls)
+        confirmed: int | None = None
+        wait = durable and self.wait_replicas > 0
+        try:
+            pending = list(range(len(calls)))
+            for _ in range(2):  # once more after loading the script (NOSCRIPT)
+                pipe = self.client.pipeline(transaction=False)
+                for index in pending:
+                    pipe.evalsha(script.sha, *calls[index])
+                if wait:
+                    # WAIT covers the writes sent before it on the same connection: the
+                    # pipeline's. Each round's confirms its own writes.
+                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+                results = pipe.execute(raise_on_error=False)
+                if wait:
+                    acked = results.pop()
+                    if isinstance(acked, Exception):
+                        raise acked
+                    confirmed = int(acked) if confirmed is None else min(confirmed, int(acked))
+                missing = []
+                for index, result in zip(pending, results, strict=True):
+                    if isinstance(result, redis.exceptions.NoScriptError):
+                        missing.append(index)
+                    elif isinstance(result, Exception):
+                        raise result
+                    else:
+                        replies[index] = result
+                if not missing:
+                    break
+                script.sha = self.client.script_load(script.script)
+                pending = missing
+            else:
+                raise redis.exceptions.NoScriptError("the script was not loaded")
+        except redis.RedisError as exc:
+            raise self.unavailable(exc) from exc
+        if confirmed is not None and confirmed < self.wait_replicas:
+            raise NotConfirmed(
+                f"redis cache {self.alias!r}: a lease write reached {confirmed} of the "
+                f"{self.wait_replicas} replicas DJANGO_LEADER['REDIS_WAIT_REPLICAS'] asks for "
+                f"within {self.wait_ms} ms; it does not count (a failover could lose it)",
+                replies,
+            )
+        return replies
 
     # -- replies --------------------------------------------------------------------------------
     def _lease(self, name: str, reply: Any) -> Lease | None:
