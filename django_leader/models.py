@@ -169,3 +169,30 @@ class LeaseFence(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: token {self.token}"
+
+
+class LeaseStore(models.Model):
+    """Which database server last issued leases from this table, and what its failover
+    left behind (one row; PostgreSQL only, see "Replicated and pooled stores" in
+    docs/production.md).
+
+    ``server`` is the server's identity (system identifier and WAL timeline: a promoted
+    standby or a point-in-time restore has a new timeline). An acquisition on a server
+    that is not the one named here sets ``fence``: no lease may be taken before it (the
+    lock-delay, so that every holder of the old server has stepped down), and ``floor``:
+    every token issued from then on is at least this (the server clock in microseconds),
+    greater than any the old server may have issued and the new one missed.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    server = models.CharField(_("server"), max_length=200)
+    fence = models.DateTimeField(_("no lease taken before"))
+    floor = models.BigIntegerField(_("least token issued"), default=0)
+    changed_at = models.DateTimeField(_("changed at"))
+
+    class Meta:
+        verbose_name = _("lease store")
+        verbose_name_plural = _("lease stores")
+
+    def __str__(self) -> str:
+        return f"{self.server} (fence {self.fence.isoformat()}, floor {self.floor})"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from datetime import timezone as dt_timezone
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import DatabaseError, connections
 
@@ -39,6 +39,11 @@ from .fence import fenced_transaction
 from .listen import DatabaseWakeups
 from .slots import DatabaseSlots
 from .tables import LeaseTables
+
+if TYPE_CHECKING:
+    from django.core.checks import CheckMessage
+
+    from ...conf import LeaderSettings
 
 logger = logging.getLogger("django_leader")
 
@@ -95,6 +100,46 @@ class DatabaseBackend(Backend):
             f"{type(self).__name__} {self.alias!r}: state and time left by the "
             "database server's clock."
         )
+
+    def replication(self) -> tuple[int, bool] | None:
+        """How the lease database replicates, as its server says: (standbys streaming from
+        it, whether a lease commit waits for a synchronous standby); None where the
+        dialect cannot tell (SQLite, MySQL/MariaDB)."""
+        if self.dialect.replication is None:
+            return None
+        with self._cursor(atomic=False) as cursor:
+            cursor.execute(self.dialect.replication, [])
+            standbys, waits = cursor.fetchone()
+        return int(standbys), bool(waits)
+
+    @classmethod
+    def check_replication(cls, conf: LeaderSettings, timeout: float) -> list[CheckMessage]:
+        """W022: the lease database streams to standbys, and lease commits wait for none."""
+        from django.core.checks import Warning
+
+        store = cls(conf.database, timeout=timeout)
+        try:
+            found = store.replication()
+        except BackendUnavailable:
+            return []
+        finally:
+            store.close()
+        if found is None or found[0] == 0 or found[1]:
+            return []
+        return [
+            Warning(
+                f"DJANGO_LEADER['DATABASE'] {conf.database!r} streams to {found[0]} "
+                "standby(s), and lease commits do not wait for any (synchronous_standby_names "
+                "is empty, or synchronous_commit is off or local). A failover to a standby "
+                "that missed the last commits loses those lease writes: the backend notices "
+                "the new timeline, takes no lease for the lock-delay and continues tokens from "
+                "the clock, but an old primary that its holders still reach (a network split, "
+                "not a crash) goes on renewing their leases beside the new one: two leaders.",
+                hint="Set synchronous_standby_names on the primary (synchronous_commit on), "
+                "or have the failover fence the old primary; see docs/production.md.",
+                id="django_leader.W022",
+            )
+        ]
 
     # -- connection -----------------------------------------------------------------------
     def _connection(self) -> Any:

@@ -38,6 +38,12 @@ class Dialect:
     notify: str | None = None
     #: Row locks (``SELECT ... FOR UPDATE``); False: a write locks the whole database.
     locks_rows = True
+    #: SQL naming the server a connection talks to, which a failover or a restore changes
+    #: (see ``failover.py``); None: not known, failovers go unnoticed.
+    server_identity: str | None = None
+    #: SQL answering (standbys streaming from this server, whether a commit waits for
+    #: one); None: the dialect cannot tell.
+    replication: str | None = None
 
     def now(self) -> str:
         raise NotImplementedError

@@ -13,6 +13,7 @@ from typing import Any
 from ...conf import lock_delay
 from ...lease import EventKind, Lease
 from ..wakeups import channel
+from . import failover
 from .dialect import aware
 from .tables import COLUMNS, LeaseTables
 
@@ -26,17 +27,23 @@ def acquire(
     current holder or None)`` (see :meth:`Backend.acquire`)."""
     d = tables.dialect
     now, expiry, ttl_param = d.now(), d.expiry(), d.ttl_param(ttl)
+    # Where failovers can be noticed: not on another server than the last, nor during
+    # the lock-delay after one; tokens not below the floor one left (see failover.py).
+    token, gated = "token + 1", ""
+    if d.server_identity is not None:
+        token = f"GREATEST(token + 1, {failover.floor(tables)})"
+        gated = f" AND COALESCE({failover.gate(tables)}, TRUE)"
     # previous_holder is assigned first: MySQL evaluates SET left to right.
     update = (
         f"UPDATE {tables.leases} SET previous_holder = holder, holder = %s, "
-        f"token = token + 1, transitions = transitions + 1, acquired_at = {now}, "
+        f"token = {token}, transitions = transitions + 1, acquired_at = {now}, "
         f"renewed_at = {now}, expires_at = {expiry}, handover_to = '', "
         "handover_until = NULL "
         # Expiry alone decides: release() ends the term now, force_release() does not
         # (the holder may not know yet), so nobody is let in while it might still act.
         # A standing hand-over request lets in only the candidate it names.
         f"WHERE name = %s AND expires_at <= {now} AND (handover_until IS NULL OR "
-        f"handover_until <= {now} OR handover_to = %s)"
+        f"handover_until <= {now} OR handover_to = %s){gated}"
     )
     params = [holder, ttl_param, name, holder]
     # Where the dialect can (PostgreSQL): the acquisition and its history event in one
@@ -52,7 +59,7 @@ def acquire(
                 tables.insert_event(cursor, kind, lease, detail=detail)
         if lease is not None:
             return lease, lease
-        refused = _refused(tables, cursor, name)
+        refused = _refused(tables, cursor, name, ttl)
         if refused is not None or not single:
             return refused or _create(tables, cursor, name, holder, ttl)
     # No row, written in one statement: created in a transaction (with its history event).
@@ -80,21 +87,27 @@ def _acquire_with_event(
     return tables.row(cursor.fetchone())
 
 
-def _refused(tables: LeaseTables, cursor: Any, name: str) -> tuple[None, Lease | None] | None:
+def _refused(
+    tables: LeaseTables, cursor: Any, name: str, ttl: float
+) -> tuple[None, Lease | None] | None:
     """An acquisition of ``name`` refused: ``(None, current holder)``, or None if the
     name has no row."""
     now = tables.dialect.now()
+    failover_known = tables.dialect.server_identity is not None
     # Held (the common case, one more statement), gated, or no row.
     cursor.execute(
-        f"SELECT {tables.select}, {now}, CASE WHEN holder <> '' AND "
-        f"expires_at > {now} THEN 1 ELSE 0 END FROM {tables.leases} WHERE name = %s",
+        f"SELECT {tables.select}, {failover.gate(tables) if failover_known else 'TRUE'}, "
+        f"{now}, CASE WHEN holder <> '' AND expires_at > {now} THEN 1 ELSE 0 END "
+        f"FROM {tables.leases} WHERE name = %s",
         [name],
     )
     row = cursor.fetchone()
     if row is not None:
         if not row[-1]:
-            return None, None  # free yet refused: a term or a hand-over gate
-        current = tables.row(row[:-2])
+            if row[-3] is not True and failover_known:
+                failover.check_server(tables, cursor, ttl)  # a failover, or nothing recorded
+            return None, None  # free yet refused: a term, a hand-over gate, a lock-delay
+        current = tables.row(row[:-3])
         assert current is not None
         current.read_at = aware(row[-2])
         return None, current
@@ -108,6 +121,12 @@ def _create(
     d = tables.dialect
     now, expiry, ttl_param = d.now(), d.expiry(), d.ttl_param(ttl)
     lease: Lease | None = None
+    least = 0  # the floor of the tokens after a failover (see failover.py)
+    if d.server_identity is not None:
+        found = failover.check_server(tables, cursor, ttl)
+        if found is None:
+            return None, None  # a lock-delay runs: nobody may take any lease yet
+        least = found
     # (See "When the store forgets" in docs/safety.md.)
     top, released = 0, False
     if tables.history:
@@ -150,7 +169,7 @@ def _create(
         # continue from, should the row ever be deleted) the server clock in
         # microseconds, which is past every token issued before.
         if tables.history:
-            seed, seed_params = "%s", [top + 1]
+            seed, seed_params = "%s", [max(top + 1, least)]
         else:
             seed, seed_params = d.clock_seed()
         insert = d.insert_ignore(

@@ -14,6 +14,17 @@ class PostgreSQLDialect(Dialect):
 
     writes_in_one_statement = True
     notify = "pg_notify(%s, '')"
+    # The cluster's system identifier and the WAL timeline: a promoted standby, a failback
+    # and a point-in-time restore each start a new timeline. Readable by any role.
+    server_identity = (
+        "((SELECT system_identifier FROM pg_control_system())::text || ':' || "
+        "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
+    )
+    replication = (
+        "SELECT (SELECT count(*) FROM pg_stat_replication), "
+        "current_setting('synchronous_standby_names') <> '' AND "
+        "current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply')"
+    )
 
     # statement_timestamp(), not now(): inside a caller's transaction (fenced()) now() is
     # the time that transaction began.

@@ -29,10 +29,10 @@ COLUMNS = (
 
 
 class LeaseTables:
-    """The ``Lease``, ``LeaseEvent`` and ``LeaseCandidate`` tables of database ``alias``
-    (quoted names), written in ``dialect``, over the connection ``connect()`` gives (this
-    thread's private one; ``disconnect()`` drops it). ``history``: whether lease changes
-    are recorded as events."""
+    """The ``Lease``, ``LeaseEvent``, ``LeaseCandidate`` and ``LeaseStore`` tables of
+    database ``alias`` (quoted names), written in ``dialect``, over the connection
+    ``connect()`` gives (this thread's private one; ``disconnect()`` drops it).
+    ``history``: whether lease changes are recorded as events."""
 
     def __init__(
         self,
@@ -43,7 +43,7 @@ class LeaseTables:
         disconnect: Callable[[], None],
     ) -> None:
         from ...models import Lease as LeaseRow
-        from ...models import LeaseCandidate, LeaseEvent
+        from ...models import LeaseCandidate, LeaseEvent, LeaseStore
 
         self.alias = alias
         self.dialect = dialect
@@ -54,6 +54,7 @@ class LeaseTables:
         self.leases = ops.quote_name(LeaseRow._meta.db_table)
         self.events = ops.quote_name(LeaseEvent._meta.db_table)
         self.candidates = ops.quote_name(LeaseCandidate._meta.db_table)
+        self.store = ops.quote_name(LeaseStore._meta.db_table)
         # The columns of a Lease, then who a standing hand-over request names.
         self.select = ", ".join(COLUMNS) + (
             f", CASE WHEN handover_until > {dialect.now()} THEN handover_to ELSE '' END"

@@ -1,0 +1,168 @@
+"""PostgreSQL with a streaming standby promoted after the primary is killed (SPEC rule 9):
+a failover never gives two leaders nor repeats a token.
+
+Each test starts its own primary and standby (tests/support/pg_topology.py) and reaches
+them as a project does: libpq multi-host with ``target_session_attrs=read-write``, so the
+backend's connections follow the promoted standby. The worst case: the standby stops
+hearing from the primary just before an acquisition, the primary dies, the standby is
+promoted without that acquisition.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_leader.checks import check_replication
+from tests.support.pg_topology import PgTopology, unavailable
+from tests.support.stores import REQUIRE_SERVICES, answered, stores_db
+from tests.support.waiting import wait_until
+
+pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
+
+TTL = 3.0
+WAIT = 60.0
+ALIAS = "replicated"
+
+
+@pytest.fixture(params=["async", "sync"])
+def replicated(
+    request: pytest.FixtureRequest, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[PgTopology]:
+    """A primary and a standby, the database alias ``replicated`` on them (migrated), and
+    the lease settings on that alias."""
+    reason = unavailable()
+    if reason is None and "postgresql" not in connections.settings:
+        reason = "no PostgreSQL database configured"
+    if reason is not None:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"required service missing: {reason}")
+        pytest.skip(reason)
+    topology = PgTopology(tmp_path, synchronous=request.param == "sync")
+    try:
+        topology.start()
+        connections.settings[ALIAS] = topology.settings(connections.settings["postgresql"])
+        allow(monkeypatch, ALIAS)
+        migrate(topology)
+        settings.DJANGO_LEADER = {
+            **settings.DJANGO_LEADER,
+            "BACKEND": "django_leader.backends.db.DatabaseBackend",
+            "DATABASE": ALIAS,
+            "LEASE_TTL": TTL,
+            "RENEW_INTERVAL": 1.0,
+            "RETRY_INTERVAL": 0.2,
+        }
+        yield topology
+    finally:
+        if ALIAS in connections.settings:
+            connections[ALIAS].close()
+            del connections.settings[ALIAS]
+            if hasattr(connections._connections, ALIAS):
+                delattr(connections._connections, ALIAS)
+        topology.stop()
+
+
+def allow(monkeypatch: pytest.MonkeyPatch, alias: str) -> None:
+    """Let this test connect to ``alias``, made after the test case was set up (Django's
+    test case refuses connections to databases it was not told of)."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    cells = BaseDatabaseWrapper.ensure_connection.__closure__ or ()
+    for case in [c.cell_contents for c in cells if isinstance(c.cell_contents, type)]:
+        monkeypatch.setattr(case, "databases", frozenset(case.databases) | {alias})
+
+
+def migrate(topology: PgTopology) -> None:
+    """``manage.py migrate django_leader`` on the primary, in a process of its own (this
+    test's Django refuses connections to databases it did not set up)."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{topology.primary.port}/{topology.database}",
+        "DJANGO_LEADER_EXTRA_DATABASES": "0",
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "django_leader", "--verbosity", "0"],
+        cwd=Path(__file__).resolve().parents[2], env=env, check=True, timeout=120,
+    )  # fmt: skip
+
+
+def backend() -> Any:
+    from django_leader.backends.db import DatabaseBackend
+
+    return DatabaseBackend(ALIAS)
+
+
+@pytest.mark.parametrize("replicated", ["async"], indirect=True)
+def test_a_promoted_standby_that_missed_an_acquisition_repeats_no_token(
+    replicated: PgTopology,
+) -> None:
+    """alice takes the lease (replicated); the WAL sender freezes; alice releases and bob
+    takes it with the next token (neither reaches the standby); the primary is killed and
+    the standby promoted, still showing alice's lease. Nobody may take the lease before
+    bob's belief has ended, and the token must be greater than bob's: before the fix the
+    standby gave bob's token again as soon as alice's copy expired."""
+    store, name = backend(), f"promoted-{uuid.uuid4().hex[:8]}"
+    alice, _ = store.acquire(name, "alice", 1.0)
+    assert alice is not None
+    replicated.await_streaming()
+    time.sleep(0.5)  # the standby has replayed alice's acquisition
+    replicated.stall_replication()
+    assert store.release(alice)
+    sent = time.monotonic()
+    bob, _ = store.acquire(name, "bob", TTL)
+    assert bob is not None and bob.token > alice.token
+    bob_believes_until = sent + TTL
+
+    replicated.kill_primary()
+    replicated.promote()
+
+    def carol() -> Any:
+        lease, _ = answered(store.acquire, name, "carol", TTL, timeout=WAIT)
+        return lease
+
+    taken = wait_until(carol, timeout=WAIT, message="carol never got the lease")
+    assert time.monotonic() >= bob_believes_until, "carol led while bob still believed he did"
+    assert taken.token > bob.token, (taken.token, bob.token)
+
+
+@pytest.mark.parametrize("replicated", ["async"], indirect=True)
+def test_a_new_name_on_a_promoted_standby_waits_and_continues_above_every_token(
+    replicated: PgTopology,
+) -> None:
+    """A name whose row the standby never saw (made on the primary after replication
+    stalled): after the promotion it is not created for anyone before the lock-delay, and
+    its first token is above any the old primary could have issued."""
+    store = backend()
+    warm, _ = store.acquire(f"warm-{uuid.uuid4().hex[:8]}", "alice", TTL)  # records the server
+    assert warm is not None
+    replicated.await_streaming()
+    time.sleep(0.5)
+    replicated.stall_replication()
+    name = f"unseen-{uuid.uuid4().hex[:8]}"
+    sent = time.monotonic()
+    bob, _ = store.acquire(name, "bob", TTL)
+    assert bob is not None
+    replicated.kill_primary()
+    replicated.promote()
+    taken = wait_until(
+        lambda: answered(store.acquire, name, "carol", TTL, timeout=WAIT)[0], timeout=WAIT
+    )
+    assert time.monotonic() >= sent + TTL
+    assert taken.token > bob.token
+
+
+def test_check_says_whether_commits_wait_for_the_standby(replicated: PgTopology) -> None:
+    """W022 where the lease database streams to a standby and commits do not wait for it;
+    nothing where they do."""
+    ids = [str(m.id) for m in check_replication(databases=[ALIAS])]
+    assert ids == ([] if replicated.synchronous else ["django_leader.W022"])
