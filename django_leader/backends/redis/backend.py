@@ -67,7 +67,7 @@ class RedisBackend(RedisLeases, BatchRenewal, Registry, WakeUps):
     @classmethod
     def check_replication(cls, conf: LeaderSettings, timeout: float) -> list[CheckMessage]:
         """W020/W021: what a failover can do with the replicas the primary has (see
-        :func:`check_replicas`)."""
+        ``check_replicas`` below)."""
         try:
             client = redis_client(caches[conf.cache])
         except Exception:  # reported by check_configuration (E004)
