@@ -125,7 +125,8 @@ class Config:
     @property
     def params(self) -> checker.Params:
         delay = self.ttl if self.lock_delay is None else self.lock_delay
-        return checker.Params(self.ttl, self.retry_interval, delay)
+        loses = getattr(STORES.get(self.store), "loses_writes", False)
+        return checker.Params(self.ttl, self.retry_interval, delay, loses_writes=loses)
 
 
 @dataclass

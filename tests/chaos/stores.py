@@ -76,6 +76,8 @@ class Store:
     fenced = True
     #: Whether the candidates reach it over a network (which a partition run cuts).
     networked = True
+    #: Whether it may lose writes it acknowledged (see ``checker.Params.loses_writes``).
+    loses_writes = False
 
     def __init__(self, workdir: Path, ttl: float) -> None:
         self.workdir = workdir
@@ -667,3 +669,14 @@ STORES: dict[str, type[Store]] = {
     "redis": RedisStore,
     "zookeeper": ZooKeeperStore,
 }
+
+# The replicated stores build on Store (so they come after it).
+from tests.chaos.replicated import SentinelStore, StandbyStore, SyncStandbyStore  # noqa: E402
+
+STORES.update(
+    {
+        "redis-sentinel": SentinelStore,
+        "postgresql-standby": StandbyStore,
+        "postgresql-sync": SyncStandbyStore,
+    }
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,9 +23,10 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
 from tests.support.pg_topology import PgTopology, unavailable
-from tests.support.stores import REQUIRE_SERVICES, answered, stores_db
+from tests.support.stores import REQUIRE_SERVICES, allow_database, answered, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
@@ -51,7 +53,7 @@ def replicated(
     try:
         topology.start()
         connections.settings[ALIAS] = topology.settings(connections.settings["postgresql"])
-        allow(monkeypatch, ALIAS)
+        allow_database(monkeypatch, ALIAS)
         migrate(topology)
         settings.DJANGO_LEADER = {
             **settings.DJANGO_LEADER,
@@ -69,16 +71,6 @@ def replicated(
             if hasattr(connections._connections, ALIAS):
                 delattr(connections._connections, ALIAS)
         topology.stop()
-
-
-def allow(monkeypatch: pytest.MonkeyPatch, alias: str) -> None:
-    """Let this test connect to ``alias``, made after the test case was set up (Django's
-    test case refuses connections to databases it was not told of)."""
-    from django.db.backends.base.base import BaseDatabaseWrapper
-
-    cells = BaseDatabaseWrapper.ensure_connection.__closure__ or ()
-    for case in [c.cell_contents for c in cells if isinstance(c.cell_contents, type)]:
-        monkeypatch.setattr(case, "databases", frozenset(case.databases) | {alias})
 
 
 def migrate(topology: PgTopology) -> None:
@@ -159,6 +151,35 @@ def test_a_new_name_on_a_promoted_standby_waits_and_continues_above_every_token(
     )
     assert time.monotonic() >= sent + TTL
     assert taken.token > bob.token
+
+
+@pytest.mark.parametrize("replicated", ["sync"], indirect=True)
+def test_a_commit_the_synchronous_standby_does_not_confirm_does_not_count(
+    replicated: PgTopology,
+) -> None:
+    """PostgreSQL's statement_timeout stops short of the commit: a commit that waits for a
+    synchronous standby that hears nothing waited for ever (the renewal hung, against rule
+    6). Now the backend cancels it from the client at its bound; PostgreSQL then commits
+    locally and warns, and the backend reports the write as not counting."""
+    store, name = backend(), f"sync-{uuid.uuid4().hex[:8]}"
+    lease, _ = store.acquire(name, "alice", TTL)
+    assert lease is not None
+    replicated.stall_replication()
+    outcome: list[Any] = []
+
+    def renew() -> None:
+        try:
+            outcome.append(store.renew(lease, TTL))
+        except BackendUnavailable as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=renew, daemon=True)
+    caller.start()
+    caller.join(WAIT)
+    assert not caller.is_alive(), "the renewal never returned"
+    [answer] = outcome
+    assert isinstance(answer, BackendUnavailable), answer
+    assert "synchronous standby did not confirm" in str(answer)
 
 
 def test_check_says_whether_commits_wait_for_the_standby(replicated: PgTopology) -> None:

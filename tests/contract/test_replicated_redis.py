@@ -30,6 +30,9 @@ pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
 
 TTL = 3.0
 WAIT = 30.0
+#: The split-brain tests' TTL: alice's lease must outlive the freeze and the failover
+#: (about 2 s) on the old primary, however busy the machine.
+SPLIT_TTL = 8.0
 
 
 @pytest.fixture
@@ -73,13 +76,13 @@ def configure(settings: Any) -> Iterator[Any]:
     """``configure(caches, wait=N)``: the given caches, the Redis backend, REDIS_WAIT_REPLICAS."""
     active: list[tuple[Any, dict[str, Any]]] = []
 
-    def apply(caches: dict[str, Any], wait: int) -> None:
+    def apply(caches: dict[str, Any], wait: int, ttl: float = TTL) -> None:
         caches = {**(active[-1][1] if active else {}), **caches}
         conf = {
             **settings.DJANGO_LEADER,
             "BACKEND": "django_leader.backends.redis.RedisBackend",
             "CACHE": next(reversed(caches)),
-            "LEASE_TTL": TTL,
+            "LEASE_TTL": ttl,
             "RENEW_INTERVAL": 1.0,
             "RETRY_INTERVAL": 0.2,
             "REDIS_WAIT_REPLICAS": wait,
@@ -99,13 +102,13 @@ def backend(alias: str) -> Any:
     return RedisBackend(alias)
 
 
-def first_grant(store: Any, name: str, holder: str) -> tuple[Any, float]:
+def first_grant(store: Any, name: str, holder: str, ttl: float = TTL) -> tuple[Any, float]:
     """``name`` acquired by ``holder`` as soon as the store lets anyone (a Redis just
     started keeps its lock-delay too): the lease, and when its acquisition was sent."""
 
     def attempt() -> tuple[Any, float] | None:
         sent = time.monotonic()
-        lease, _ = store.acquire(name, holder, TTL)
+        lease, _ = store.acquire(name, holder, ttl)
         return None if lease is None else (lease, sent)
 
     return wait_until(attempt, timeout=WAIT, message=f"{holder} never got {name}")
@@ -143,14 +146,14 @@ def _split_brain(topology: SentinelTopology, configure: Any, wait: int) -> dict[
     lock-delay has passed. Returns alice's lease and renewals (a Lease, None, or the
     error) and bob's lease."""
     old = topology.primary()
-    configure({"old": direct_cache(old.port)}, wait=wait)
+    configure({"old": direct_cache(old.port)}, wait=wait, ttl=SPLIT_TTL)
     stale_store, name = backend("old"), f"split-{uuid.uuid4().hex[:8]}"
-    held, _ = first_grant(stale_store, name, "alice")
+    held, _ = first_grant(stale_store, name, "alice", SPLIT_TTL)
     renewals: list[Any] = []
 
     def alice_renews() -> None:
         try:
-            renewals.append(stale_store.renew(held, TTL))
+            renewals.append(stale_store.renew(held, SPLIT_TTL))
         except BackendUnavailable as exc:
             renewals.append(exc)
 
@@ -162,12 +165,12 @@ def _split_brain(topology: SentinelTopology, configure: Any, wait: int) -> dict[
     try:
         alice_renews()
         # bob connects after the failover (the Sentinels, paused, could not tell him).
-        configure({"new": direct_cache(promoted)}, wait=wait)
+        configure({"new": direct_cache(promoted)}, wait=wait, ttl=SPLIT_TTL)
         store = backend("new")
 
         def granted() -> Any:
             alice_renews()
-            return answered(store.acquire, name, "bob", TTL, timeout=WAIT)[0]
+            return answered(store.acquire, name, "bob", SPLIT_TTL, timeout=WAIT)[0]
 
         taken = wait_until(granted, timeout=WAIT, interval=0.5, message="bob never got it")
         alice_renews()

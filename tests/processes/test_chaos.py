@@ -37,6 +37,8 @@ SEED = 10
 #: through a cut link, and a server whose sessions outlive the client's).
 PARTITION_STORE = "postgresql"
 PARTITION_DURATION = 40.0
+#: The failover runs: only the replicated store's own faults (each a failover, 3-8 s).
+FAILOVER_DURATION = 30.0
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql", "mariadb", "redis", "zookeeper"])
@@ -53,6 +55,24 @@ def test_no_violation_under_faults(store: str) -> None:
     config = harness.Config(store=store, duration=DURATION, seed=SEED, keep=True,
                             network=False, clocks=False, stalls=False)  # fmt: skip
     _passes(harness.run(config), faults=5)
+
+
+@pytest.mark.parametrize("store", ["redis-sentinel", "postgresql-standby"])
+def test_no_violation_under_failovers(store: str) -> None:
+    """A replicated store (tests/chaos/replicated.py) failed over again and again: the
+    primary killed, frozen, switched over, or killed just after replication stalled. The
+    long runs are ``make chaos STORES="redis-sentinel postgresql-standby postgresql-sync"``."""
+    reason = STORES[store].unavailable()
+    if reason is not None:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"required service missing: {reason}")
+        pytest.skip(f"service unavailable: {reason}")
+    config = harness.Config(store=store, duration=FAILOVER_DURATION, seed=SEED, keep=True,
+                            network=False, clocks=False, stalls=False,
+                            kinds=STORES[store].faults)  # fmt: skip
+    summary = _passes(harness.run(config), faults=2)
+    by_kind: dict[str, object] = summary["by_kind"]  # type: ignore[assignment]
+    assert set(by_kind) <= set(STORES[store].faults), by_kind
 
 
 def test_no_violation_under_partitions() -> None:

@@ -56,7 +56,9 @@ from tests.support.newcomer import (
 )
 from tests.support.stores import REQUIRE_SERVICES
 
-pytestmark = pytest.mark.multiprocess
+# One worker for the module: its module-scoped fixtures build the sdist in the checkout
+# (python -m build stages it there), which two workers at once would clobber.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("tutorial")]
 
 TUTORIAL = Page(ROOT / "docs" / "tutorial.md")
 HOWTO = Page(ROOT / "docs" / "howto" / "ha-beat.md")

@@ -158,6 +158,17 @@ class PgTopology:
                 raise RuntimeError("the standby was not promoted")
             time.sleep(0.05)
 
+    def rebuild_old_primary(self) -> None:
+        """After :meth:`promote`: the killed primary made again, from a base backup of the
+        new one, as its standby; the roles swap."""
+        old, new = self.primary, self.standby
+        shutil.rmtree(old.data, ignore_errors=True)
+        old.pg("pg_basebackup", "-h", "127.0.0.1", "-p", str(new.port), "-U", "postgres",
+               "-D", str(old.data), "-R", "-X", "stream", "-c", "fast")  # fmt: skip
+        old.start()
+        self.primary, self.standby = new, old
+        self.await_streaming()
+
     def stop(self) -> None:
         for cluster in (self.primary, self.standby):
             cluster.kill()

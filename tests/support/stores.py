@@ -217,3 +217,15 @@ def unreachable_redis() -> dict[str, Any]:
         "CACHE": "dead",
     }
     return {"CACHES": caches, "DJANGO_LEADER": conf}
+
+
+def allow_database(monkeypatch: pytest.MonkeyPatch, alias: str) -> None:
+    """Let the running test connect to database ``alias``, added to
+    ``connections.settings`` after its test case was set up (Django's test case refuses
+    connections to databases it was not told of)."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    cells = BaseDatabaseWrapper.ensure_connection.__closure__ or ()
+    for case in [c.cell_contents for c in cells if isinstance(c.cell_contents, type)]:
+        known: Any = getattr(case, "databases", ())
+        monkeypatch.setattr(case, "databases", frozenset(known) | {alias})

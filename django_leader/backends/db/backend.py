@@ -32,7 +32,7 @@ from ...exceptions import BackendUnavailable
 from ...lease import Lease
 from ..base import Backend, Watch
 from . import batch, leases, registry
-from .connection import PrivateConnection
+from .connection import PrivateConnection, pooled
 from .dialect import StoreNow, aware
 from .dialects import dialect_for
 from .fence import fenced_transaction
@@ -66,8 +66,9 @@ class DatabaseBackend(Backend):
         self._private = PrivateConnection(self.alias, self.dialect, self.timeout)
         # self._connection, looked up here: a subclass may route its connections.
         self._tables = LeaseTables(
-            self.alias, self.dialect, self.history, self._connection, self.close
+            self.alias, self.dialect, self.history, self._connection, self.close, self.timeout
         )
+        self._tables.open = self._private.open
         self._wakeups = DatabaseWakeups(self._tables, self.timeout)
 
     def __repr__(self) -> str:
@@ -114,7 +115,8 @@ class DatabaseBackend(Backend):
 
     @classmethod
     def check_replication(cls, conf: LeaderSettings, timeout: float) -> list[CheckMessage]:
-        """W022: the lease database streams to standbys, and lease commits wait for none."""
+        """W022: the lease database streams to standbys, and lease commits wait for none.
+        W023: it is reached through a transaction pooler (no LISTEN/NOTIFY)."""
         from django.core.checks import Warning
 
         store = cls(conf.database, timeout=timeout)
@@ -124,9 +126,22 @@ class DatabaseBackend(Backend):
             return []
         finally:
             store.close()
+        messages: list[CheckMessage] = []
+        if pooled(store.alias):
+            messages.append(
+                Warning(
+                    f"DJANGO_LEADER['DATABASE'] {conf.database!r} is reached through a "
+                    "transaction pooler (PgBouncer?): LISTEN/NOTIFY wake-ups are off, so a "
+                    "freed lease is taken only at the next poll (RETRY_INTERVAL), and every "
+                    "lease call sets its timeouts in a transaction of its own.",
+                    hint="Give django-leader a database alias that connects to PostgreSQL "
+                    "directly (DJANGO_LEADER['DATABASE']); see docs/production.md.",
+                    id="django_leader.W023",
+                )
+            )
         if found is None or found[0] == 0 or found[1]:
-            return []
-        return [
+            return messages
+        messages.append(
             Warning(
                 f"DJANGO_LEADER['DATABASE'] {conf.database!r} streams to {found[0]} "
                 "standby(s), and lease commits do not wait for any (synchronous_standby_names "
@@ -139,7 +154,8 @@ class DatabaseBackend(Backend):
                 "or have the failover fence the old primary; see docs/production.md.",
                 id="django_leader.W022",
             )
-        ]
+        )
+        return messages
 
     # -- connection -----------------------------------------------------------------------
     def _connection(self) -> Any:

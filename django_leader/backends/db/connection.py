@@ -9,6 +9,7 @@ connections it inherited (they are the parent's sockets) and opens its own.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,8 @@ from django.db.utils import load_backend
 
 from .dialect import Dialect
 
+logger = logging.getLogger("django_leader")
+
 #: Seconds a private connection may sit idle before it is checked (is_usable()) on reuse.
 IDLE_CHECK = 10.0
 
@@ -32,6 +35,15 @@ _instances: weakref.WeakSet[PrivateConnection] = weakref.WeakSet()
 _wrappers: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Strong references taken just before a fork (see _before_fork).
 _pinned: list[Any] = []
+#: Database alias -> whether its connections go through a transaction pooler (PgBouncer),
+#: as the first private connection found out (absent: not known yet).
+_POOLED: dict[str, bool] = {}
+
+
+def pooled(alias: str) -> bool | None:
+    """Whether database ``alias`` is reached through a transaction pooler: session settings
+    do not stick, LISTEN hears nothing (None: no private connection made yet)."""
+    return _POOLED.get(alias)
 
 
 def _before_fork() -> None:
@@ -101,7 +113,10 @@ class PrivateConnection:
             # Lease statements want plain READ COMMITTED, whatever the project uses: under
             # REPEATABLE READ/SERIALIZABLE racing acquirers would fail instead of waiting.
             options.pop("isolation_level", None)
-            settings_dict["OPTIONS"] = self.dialect.timeout_options(options, self.timeout)
+            settings_dict["OPTIONS"] = self.dialect.timeout_options(
+                options, self.timeout, startup=not _POOLED.get(self.alias, False)
+            )
+            settings_dict["DJANGO_LEADER_OPTIONS"] = options  # before the bounds
             settings_dict["ATOMIC_REQUESTS"] = False
             settings_dict["AUTOCOMMIT"] = True
             settings_dict["CONN_MAX_AGE"] = None
@@ -112,6 +127,39 @@ class PrivateConnection:
             self._local.wrapper = wrapper
             _wrappers.add(wrapper)
         return wrapper
+
+    def open(self, wrapper: Any) -> Any:
+        """``wrapper`` (from :meth:`get`), connected. Behind a transaction pooler (PgBouncer
+        refuses the session settings sent at connect, or drops them), the store's bounds
+        cannot be session settings: the connection is marked ``django_leader_pooled`` and
+        every call sets them in its own transaction (see ``LeaseTables.cursor``)."""
+        if wrapper.connection is not None:
+            return wrapper
+        try:
+            wrapper.ensure_connection()
+        except DjangoDBError as exc:
+            if _POOLED.get(self.alias) or not self.dialect.startup_refused(exc):
+                raise
+            self._pooled("refused the session settings sent at connect")
+            wrapper.settings_dict["OPTIONS"] = self.dialect.timeout_options(
+                wrapper.settings_dict["DJANGO_LEADER_OPTIONS"], self.timeout, startup=False
+            )
+            wrapper.ensure_connection()
+        if not _POOLED.get(self.alias) and not self.dialect.session_bounded(wrapper, self.timeout):
+            self._pooled("dropped the session settings sent at connect")
+        wrapper.django_leader_pooled = _POOLED.setdefault(self.alias, False)
+        return wrapper
+
+    def _pooled(self, why: str) -> None:
+        if not _POOLED.get(self.alias):
+            logger.warning(
+                "database %r: the server %s: a transaction pooler (PgBouncer?). The lease "
+                "store's timeouts are set in every transaction instead, and LISTEN/NOTIFY "
+                "wake-ups are off: waiting candidates poll every RETRY_INTERVAL",
+                self.alias,
+                why,
+            )
+        _POOLED[self.alias] = True
 
     def close(self) -> None:
         wrapper = getattr(self._local, "wrapper", None)

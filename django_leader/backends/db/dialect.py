@@ -10,6 +10,7 @@ expression.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -67,7 +68,12 @@ class Dialect:
             f"ON CONFLICT ({key}) DO UPDATE SET {sets}"
         )
 
-    def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def timeout_options(
+        self, options: dict[str, Any], timeout: float, *, startup: bool = True
+    ) -> dict[str, Any]:
+        """The driver ``options`` of a private connection, bounded by ``timeout`` seconds;
+        ``startup``: with the session settings sent at connect (False: behind a pooler,
+        which refuses or drops them)."""
         return options
 
     def clock_seed(self) -> tuple[str, list[Any]]:
@@ -86,6 +92,23 @@ class Dialect:
 
     def unbound_transaction(self, cursor: Any, saved: dict[str, Any]) -> None:
         """Restore what :meth:`bound_transaction` saved."""
+
+    def startup_refused(self, exc: Exception) -> bool:
+        """Whether ``exc`` (at connect) says the server, a pooler, refused the session
+        settings of :meth:`timeout_options`."""
+        return False
+
+    def session_bounded(self, wrapper: Any, seconds: float) -> bool:
+        """Whether the session of ``wrapper`` (connected) has the bounds
+        :meth:`timeout_options` asked for (False: a pooler dropped them)."""
+        return True
+
+    def bounded_call(self, wrapper: Any, seconds: float) -> AbstractContextManager[None]:
+        """Bound, from the client, the statements the ``with`` block runs on ``wrapper``'s
+        connection (already connected) where the server's own timeouts do not reach; raise
+        :class:`~django_leader.exceptions.BackendUnavailable` after the block if the
+        server reported a write that does not count. The default: nothing."""
+        return nullcontext()
 
     def busy_hint(self, connection: Any) -> str:
         """What to add to the message of a failed lease statement while the caller's own

@@ -13,13 +13,15 @@ from __future__ import annotations
 import select
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from typing import Any
 
 from django.db import connections
 
+from ...exceptions import BackendUnavailable
 from ..base import Watch
 from ..wakeups import WakeHub, channel
-from .connection import PrivateConnection
+from .connection import PrivateConnection, pooled
 from .dialect import Dialect
 from .tables import LeaseTables
 
@@ -46,8 +48,9 @@ class PostgresListener:
 
     def connect(self) -> None:
         self.close()
-        wrapper = self._private.get()
-        wrapper.ensure_connection()
+        wrapper = self._private.open(self._private.get())
+        if pooled(self._private.alias):
+            raise ConnectionError("behind a transaction pooler, LISTEN hears nothing")
         self._raw = wrapper.connection
 
     def _execute(self, sql: str) -> None:
@@ -98,6 +101,11 @@ class DatabaseWakeups:
         None where the database cannot push."""
         if self.tables.dialect.notify is None:
             return None
+        if pooled(self.tables.alias) is None:
+            with suppress(BackendUnavailable), self.tables.cursor(atomic=False):
+                pass  # connecting tells whether a transaction pooler is in the way
+        if pooled(self.tables.alias):
+            return None  # LISTEN needs a session of its own: candidates poll
         hub = self._wake_hub()
         if hub is None:
             return None

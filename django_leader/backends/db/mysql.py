@@ -38,7 +38,9 @@ class MySQLDialect(Dialect):
         sets = ", ".join(f"{column} = VALUES({column})" for column in update)
         return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON DUPLICATE KEY UPDATE {sets}"
 
-    def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def timeout_options(
+        self, options: dict[str, Any], timeout: float, *, startup: bool = True
+    ) -> dict[str, Any]:
         options = dict(options)
         seconds = max(1, math.ceil(timeout))  # the drivers take whole seconds, at least 1
         options.setdefault("connect_timeout", seconds)

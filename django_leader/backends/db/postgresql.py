@@ -3,10 +3,90 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
+from ...exceptions import BackendUnavailable
 from .dialect import Dialect, Key
+
+#: Seconds past the server's statement_timeout after which a call is cancelled from the
+#: client (only a commit waiting for a synchronous standby runs that long).
+CANCEL_AFTER = 0.25
+#: What PostgreSQL says when a commit's wait for a synchronous standby is cancelled.
+SYNC_CANCELLED = "canceling wait for synchronous replication"
+
+
+def _sync_cancels(raw: Any) -> list[str]:
+    """The sync-wait cancellations heard on ``raw`` (a psycopg 3 or psycopg2 connection),
+    listened for from the first call on."""
+    heard: list[str] | None = getattr(raw, "_django_leader_sync_cancels", None)
+    if heard is None:
+        heard = []
+        if hasattr(raw, "add_notice_handler"):  # psycopg 3
+
+            def listen(diagnostic: Any) -> None:
+                message = str(diagnostic.message_primary or "")
+                if SYNC_CANCELLED in message:
+                    heard.append(message)
+
+            raw.add_notice_handler(listen)
+        raw._django_leader_sync_cancels = heard
+    return heard
+
+
+def _collect(raw: Any, heard: list[str]) -> None:
+    """psycopg2 keeps notices in ``raw.notices``: move the sync-wait ones to ``heard``."""
+    notices = getattr(raw, "notices", None)
+    if isinstance(notices, list):
+        heard.extend(str(n).strip() for n in notices if SYNC_CANCELLED in str(n))
+        notices.clear()
+
+
+class _Canceller:
+    """One thread for every connection of the process: at each armed deadline not disarmed
+    in time, it asks the server to cancel what that connection runs."""
+
+    def __init__(self) -> None:
+        self._armed: dict[int, tuple[float, Any]] = {}
+        self._next = 0
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, raw: Any, seconds: float) -> int:
+        with self._wake:
+            self._next += 1
+            self._armed[self._next] = (time.monotonic() + seconds, raw)
+            self._wake.notify()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="leader-pg-cancel", daemon=True
+                )
+                self._thread.start()
+            return self._next
+
+    def disarm(self, armed: int) -> None:
+        with self._wake:
+            self._armed.pop(armed, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [k for k, (at, _) in self._armed.items() if at <= now]
+                late = [self._armed.pop(k)[1] for k in due]
+                soonest = min((at for at, _ in self._armed.values()), default=now + 1.0)
+                if not late:
+                    self._wake.wait(max(0.01, min(1.0, soonest - now)))
+            for raw in late:
+                with suppress(Exception):
+                    cancel = getattr(raw, "cancel_safe", None) or raw.cancel
+                    cancel()
+
+
+_CANCELLER = _Canceller()
 
 
 class PostgreSQLDialect(Dialect):
@@ -40,7 +120,9 @@ class PostgreSQLDialect(Dialect):
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
 
-    def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def timeout_options(
+        self, options: dict[str, Any], timeout: float, *, startup: bool = True
+    ) -> dict[str, Any]:
         ms = max(100, round(timeout * 1000))
         options = dict(options)
         options.pop("pool", None)  # a private connection, never one borrowed from a pool
@@ -51,12 +133,43 @@ class PostgreSQLDialect(Dialect):
         options.setdefault("keepalives_idle", max(1, math.ceil(timeout)))
         options.setdefault("keepalives_interval", 1)
         options.setdefault("keepalives_count", 3)
-        extra = (
-            f"-c statement_timeout={ms} -c lock_timeout={ms} "
-            f"-c idle_in_transaction_session_timeout={max(ms * 4, 1000)}"
-        )
-        options["options"] = f"{options.get('options', '')} {extra}".strip()
+        if startup:
+            extra = (
+                f"-c statement_timeout={ms} -c lock_timeout={ms} "
+                f"-c idle_in_transaction_session_timeout={max(ms * 4, 1000)}"
+            )
+            options["options"] = f"{options.get('options', '')} {extra}".strip()
         return options
+
+    def startup_refused(self, exc: Exception) -> bool:
+        return "unsupported startup parameter" in str(exc)  # PgBouncer's refusal
+
+    def session_bounded(self, wrapper: Any, seconds: float) -> bool:
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")
+            (setting,) = cursor.fetchone()
+        return int(setting) == max(100, round(seconds * 1000))
+
+    @contextmanager
+    def bounded_call(self, wrapper: Any, seconds: float) -> Iterator[None]:
+        # statement_timeout stops at the commit: a commit waiting for a synchronous standby
+        # that is gone waits for ever. Cancelled from here, it returns "committed locally",
+        # with a warning: such a write does not count (it may not survive a failover).
+        raw = wrapper.connection
+        heard = _sync_cancels(raw)
+        before = len(heard)
+        armed = _CANCELLER.arm(raw, seconds + CANCEL_AFTER)
+        try:
+            yield
+        finally:
+            _CANCELLER.disarm(armed)
+        _collect(raw, heard)
+        if len(heard) > before:
+            raise BackendUnavailable(
+                "the synchronous standby did not confirm a lease write within "
+                f"{seconds + CANCEL_AFTER:g}s ({heard[-1]}): it does not count (a failover "
+                "could lose it)"
+            )
 
     def clock_seed(self) -> tuple[str, list[Any]]:
         return "(extract(epoch from clock_timestamp()) * 1000000)::bigint", []

@@ -29,7 +29,9 @@ class SQLiteDialect(Dialect):
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         return f"INSERT OR IGNORE INTO {table} ({columns}) VALUES ({values})"
 
-    def timeout_options(self, options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def timeout_options(
+        self, options: dict[str, Any], timeout: float, *, startup: bool = True
+    ) -> dict[str, Any]:
         options = dict(options)
         options["timeout"] = min(float(options.get("timeout", timeout)), timeout)
         return options

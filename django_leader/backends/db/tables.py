@@ -28,6 +28,11 @@ COLUMNS = (
 )
 
 
+def _connected(wrapper: Any) -> Any:
+    wrapper.ensure_connection()
+    return wrapper
+
+
 class LeaseTables:
     """The ``Lease``, ``LeaseEvent``, ``LeaseCandidate`` and ``LeaseStore`` tables of
     database ``alias`` (quoted names), written in ``dialect``, over the connection
@@ -41,6 +46,7 @@ class LeaseTables:
         history: bool,
         connect: Callable[[], Any],
         disconnect: Callable[[], None],
+        timeout: float = 5.0,
     ) -> None:
         from ...models import Lease as LeaseRow
         from ...models import LeaseCandidate, LeaseEvent, LeaseStore
@@ -49,6 +55,12 @@ class LeaseTables:
         self.dialect = dialect
         self.history = history
         self.connect = connect
+        #: Connects a wrapper ``connect()`` gave (the private connection's ``open``, which
+        #: finds out whether a transaction pooler is in the way).
+        self.open: Callable[[Any], Any] = _connected
+        #: Seconds a call may take (the server's statement timeout; see
+        #: :meth:`Dialect.bounded_call`).
+        self.timeout = timeout
         self._disconnect = disconnect
         ops = connections[alias].ops
         self.leases = ops.quote_name(LeaseRow._meta.db_table)
@@ -67,16 +79,21 @@ class LeaseTables:
         """A cursor on the private connection, in a transaction of its own if ``atomic``.
         A database error becomes ``BackendUnavailable`` and drops the connection: the next
         call reconnects (that is how the store rides out a database restart)."""
-        wrapper = self.connect()
         try:
+            wrapper = self.open(self.connect())
+            # Behind a transaction pooler, the bounds are set in each call's transaction.
+            pooled = getattr(wrapper, "django_leader_pooled", False)
+            atomic = atomic or pooled
             if atomic:
-                wrapper.ensure_connection()
                 wrapper.set_autocommit(False)
             try:
-                with wrapper.cursor() as cursor:
-                    yield cursor
-                if atomic:
-                    wrapper.commit()
+                with self.dialect.bounded_call(wrapper, self.timeout):
+                    with wrapper.cursor() as cursor:
+                        if pooled:
+                            self.dialect.bound_transaction(cursor, wrapper, self.timeout, {})
+                        yield cursor
+                    if atomic:
+                        wrapper.commit()
             except BaseException:
                 if atomic:
                     with suppress(DjangoDBError):

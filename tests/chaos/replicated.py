@@ -1,0 +1,170 @@
+"""Replicated stores of a chaos run, with failovers as the nemesis (SPEC rule 9):
+
+* ``redis-sentinel``: a primary, two replicas and three Sentinels
+  (tests/support/redis_topology.py); the candidates use django-redis's ``SentinelClient``
+  with ``REDIS_WAIT_REPLICAS = 1``. Faults: the primary killed (then back as a replica),
+  frozen past the Sentinels' ``down-after`` and thawed (the split brain), a switchover,
+  and the replicas frozen just before the primary is killed (the worst case: writes the
+  promoted replica never saw).
+* ``postgresql-standby`` / ``postgresql-sync``: a primary and a streaming standby,
+  asynchronous or synchronous (tests/support/pg_topology.py); the candidates reach them
+  with libpq multi-host (``target_session_attrs=read-write``). Faults: the primary killed
+  and the standby promoted (the old primary comes back as the new one's standby), and the
+  same with the WAL sender frozen just before (the standby misses the last commits).
+
+Each failover is lossy for the liveness bound (the backend starts the lock-delay), and its
+``ready`` is when the new primary answers, its replicas caught up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from random import Random
+from typing import Any
+
+from tests.chaos.stores import ROWS, Injected, Store, clock
+
+
+class SentinelStore(Store):
+    name = "redis-sentinel"
+    faults = ("sentinel-kill", "sentinel-freeze", "sentinel-switchover", "sentinel-lag-kill")
+    fenced = False
+    networked = False
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        from tests.support.redis_topology import SentinelTopology
+
+        super().__init__(workdir, ttl)
+        self.topology = SentinelTopology(workdir / "redis")
+        self.history = workdir / "history.sqlite3"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        from tests.support.redis_topology import unavailable
+
+        reason = unavailable()
+        if reason is None:
+            try:
+                import django_redis  # noqa: F401
+            except ImportError:
+                reason = "the Python package 'django-redis' is not installed"
+        return None if reason is None else f"redis-sentinel: {reason}"
+
+    def start(self) -> None:
+        self.topology.start()
+
+    def env(self) -> dict[str, str]:
+        sentinels = ",".join(f"{h}:{p}" for h, p in self.topology.sentinel_addresses)
+        return {
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.replicated_settings",
+            "CHAOS_SENTINELS": sentinels,
+            "CHAOS_SENTINEL_SERVICE": self.topology.service,
+            "CHAOS_REDIS_WAIT": "1",
+            "DATABASE_URL": f"sqlite:///{self.history}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.redis.RedisBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def _settle(self) -> None:
+        """Wait until the primary has every other node back as a replica."""
+        primary = self.topology.primary_port()
+        self.topology.await_replicas(primary, len(self.topology.nodes) - 1)
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        t = self.topology
+        start = clock()
+        if kind == "sentinel-switchover":
+            t.switchover()
+        elif kind == "sentinel-freeze":
+            old = t.primary()
+            t.freeze(old)
+            t.await_failover(old.port)
+            t.thaw(old)  # back as a primary until the Sentinels demote it
+        elif kind in ("sentinel-kill", "sentinel-lag-kill"):
+            old = t.primary()
+            replicas = [node for node in t.nodes if node is not old]
+            if kind == "sentinel-lag-kill":
+                for node in replicas:
+                    t.freeze(node)
+                time.sleep(rng.uniform(0.1, 0.5) * self.ttl)
+            old.kill()
+            for node in replicas:
+                t.thaw(node)
+            t.await_failover(old.port)
+            t.restart(old)
+        else:
+            raise ValueError(kind)
+        self._settle()
+        return Injected(start, clock(), lossy=True, detail=f"primary now {t.primary_port()}")
+
+    def stop(self) -> None:
+        self.topology.stop()
+
+
+class StandbyStore(Store):
+    """PostgreSQL primary + streaming standby; :attr:`synchronous` for the sync variant."""
+
+    name = "postgresql-standby"
+    faults = ("pg-failover", "pg-lag-failover")
+    networked = False
+    synchronous = False
+    #: An asynchronous standby promoted loses the primary's last commits, the candidates'
+    #: fenced writes among them (PostgreSQL's contract, not the lease's): not a violation.
+    loses_writes = True
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        from tests.support.pg_topology import PgTopology
+
+        super().__init__(workdir, ttl)
+        self.topology = PgTopology(workdir, synchronous=self.synchronous, database="chaos")
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        from tests.support.pg_topology import unavailable
+
+        reason = unavailable()
+        return None if reason is None else f"{cls.name}: {reason}"
+
+    def start(self) -> None:
+        self.topology.start()
+
+    def env(self) -> dict[str, str]:
+        t = self.topology
+        return {
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.replicated_settings",
+            "CHAOS_PG_PORTS": f"{t.primary.port},{t.standby.port}",
+            "CHAOS_PG_DATABASE": t.database,
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.db.DatabaseBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        t = self.topology
+        start = clock()
+        if kind == "pg-lag-failover":
+            t.stall_replication()
+            time.sleep(rng.uniform(0.1, 0.5) * self.ttl)
+        elif kind != "pg-failover":
+            raise ValueError(kind)
+        t.kill_primary()
+        t.promote()
+        t.rebuild_old_primary()
+        return Injected(start, clock(), lossy=True, detail=f"primary now {t.primary.port}")
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self.topology.primary.connect(self.topology.database) as db:
+            return [self._row(row) for row in db.execute(ROWS).fetchall()]
+
+    def stop(self) -> None:
+        self.topology.stop()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.topology.base, ignore_errors=True)
+
+
+class SyncStandbyStore(StandbyStore):
+    name = "postgresql-sync"
+    synchronous = True
+    loses_writes = False

@@ -1,0 +1,44 @@
+"""The test project's settings for chaos candidates on a replicated store
+(tests/chaos/replicated.py): django-redis through the run's Sentinels
+(``CHAOS_SENTINELS``, ``CHAOS_SENTINEL_SERVICE``, ``CHAOS_REDIS_WAIT``), or PostgreSQL by
+libpq multi-host over the run's primary and standby (``CHAOS_PG_PORTS``,
+``CHAOS_PG_DATABASE``), whichever the environment gives.
+"""
+
+from __future__ import annotations
+
+import os
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import CACHES, DATABASES, DJANGO_LEADER
+
+if os.environ.get("CHAOS_SENTINELS"):
+    addresses = [a.rsplit(":", 1) for a in os.environ["CHAOS_SENTINELS"].split(",")]
+    CACHES["redis"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{os.environ['CHAOS_SENTINEL_SERVICE']}/0",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "SENTINELS": [
+                (host, int(port))
+                for host, port in (
+                    a.rsplit(":", 1) for a in os.environ["CHAOS_SENTINELS"].split(",")
+                )
+            ],
+        },
+    }
+    DJANGO_LEADER["CACHE"] = "redis"
+    DJANGO_LEADER["REDIS_WAIT_REPLICAS"] = int(os.environ.get("CHAOS_REDIS_WAIT", "1"))
+
+if os.environ.get("CHAOS_PG_PORTS"):
+    ports = os.environ["CHAOS_PG_PORTS"]
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": ",".join("127.0.0.1" for _ in ports.split(",")),
+        "PORT": ports,
+        "NAME": os.environ["CHAOS_PG_DATABASE"],
+        "USER": "postgres",
+        "PASSWORD": "",
+        "OPTIONS": {"target_session_attrs": "read-write", "connect_timeout": 2},
+    }
