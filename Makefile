@@ -32,7 +32,7 @@ STAMP := $(VENV)/.installed
 MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint docs dist demo chaos compat compat-one bench clean distclean
+.PHONY: help venv test lint docs dist demo chaos chaos-failovers compat compat-one bench clean distclean
 
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
@@ -42,6 +42,7 @@ help:
 	@echo "make dist       build the sdist and the wheel into dist/ and check them with twine"
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
+	@echo "make chaos-failovers  the replicated stores, failovers only (DURATION_FAILOVERS=420)"
 	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
 	@echo "make bench      benchmarks and docs/benchmarks.md (BENCH=\"ops failover celery load scale\", BENCH_ARGS=...), ~12 min"
 	@echo "make clean      remove caches, build output and .demo/"
@@ -119,6 +120,17 @@ chaos: venv
 	@status=0; for store in $(STORES); do \
 		$(BIN)/python -m tests.chaos --store $$store --duration $(DURATION) --seed $(SEED) \
 			--report docs/chaos/ || status=1; \
+	done; exit $$status
+
+# The replicated stores (tests/chaos/replicated.py) with their failovers as the only
+# faults, DURATION_FAILOVERS seconds each (420: 30 or more failovers per store); reports in
+# docs/chaos/. CHAOS_SENTINEL_WAIT=0 runs the Sentinel candidates without REDIS_WAIT_REPLICAS.
+FAILOVER_STORES ?= redis-sentinel postgresql-standby postgresql-sync
+DURATION_FAILOVERS ?= 420
+chaos-failovers: venv
+	@status=0; for store in $(FAILOVER_STORES); do \
+		$(BIN)/python -m tests.chaos --store $$store --faults store \
+			--duration $(DURATION_FAILOVERS) --seed $(SEED) --report docs/chaos/ || status=1; \
 	done; exit $$status
 
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health

@@ -391,7 +391,8 @@ class Harness:
         wanted = set(self.config.kinds)
         if wanted:
             kinds = [k for k in kinds if k.name in wanted or ("partition" in wanted and k.network)
-                     or ("clock" in wanted and k.clock)]  # fmt: skip
+                     or ("clock" in wanted and k.clock)
+                     or ("store" in wanted and k.name in self.store.faults)]  # fmt: skip
         return kinds
 
     def fault(self, kind: str, start: float, ready: float, lossy: bool = False,

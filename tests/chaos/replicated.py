@@ -2,10 +2,10 @@
 
 * ``redis-sentinel``: a primary, two replicas and three Sentinels
   (tests/support/redis_topology.py); the candidates use django-redis's ``SentinelClient``
-  with ``REDIS_WAIT_REPLICAS = 1``. Faults: the primary killed (then back as a replica),
-  frozen past the Sentinels' ``down-after`` and thawed (the split brain), a switchover,
-  and the replicas frozen just before the primary is killed (the worst case: writes the
-  promoted replica never saw).
+  with ``REDIS_WAIT_REPLICAS = 1`` (``CHAOS_SENTINEL_WAIT=0`` in the environment: none).
+  Faults: the primary killed (then back as a replica), frozen past the Sentinels'
+  ``down-after`` and thawed (the split brain), a switchover, and the replicas frozen just
+  before the primary is killed (the worst case: writes the promoted replica never saw).
 * ``postgresql-standby`` / ``postgresql-sync``: a primary and a streaming standby,
   asynchronous or synchronous (tests/support/pg_topology.py); the candidates reach them
   with libpq multi-host (``target_session_attrs=read-write``). Faults: the primary killed
@@ -18,6 +18,7 @@ Each failover is lossy for the liveness bound (the backend starts the lock-delay
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -39,6 +40,9 @@ class SentinelStore(Store):
         super().__init__(workdir, ttl)
         self.topology = SentinelTopology(workdir / "redis")
         self.history = workdir / "history.sqlite3"
+        #: REDIS_WAIT_REPLICAS of the candidates: 1, or CHAOS_SENTINEL_WAIT of the run's
+        #: environment (0 shows what a failover does without durable writes).
+        self.wait_replicas = os.environ.get("CHAOS_SENTINEL_WAIT", "1")
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -61,7 +65,7 @@ class SentinelStore(Store):
             "DJANGO_SETTINGS_MODULE": "tests.chaos.replicated_settings",
             "CHAOS_SENTINELS": sentinels,
             "CHAOS_SENTINEL_SERVICE": self.topology.service,
-            "CHAOS_REDIS_WAIT": "1",
+            "CHAOS_REDIS_WAIT": self.wait_replicas,
             "DATABASE_URL": f"sqlite:///{self.history}",
             "DJANGO_LEADER_BACKEND": "django_leader.backends.redis.RedisBackend",
             "DJANGO_LEADER_DATABASE": "default",

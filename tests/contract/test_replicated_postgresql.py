@@ -182,6 +182,44 @@ def test_a_commit_the_synchronous_standby_does_not_confirm_does_not_count(
     assert "synchronous standby did not confirm" in str(answer)
 
 
+@pytest.mark.parametrize("replicated", ["sync"], indirect=True)
+def test_a_fenced_commit_the_synchronous_standby_does_not_confirm_is_reported(
+    replicated: PgTopology,
+) -> None:
+    """The fence bounds its transaction with statement_timeout, which also cuts a COMMIT's
+    wait for a synchronous standby short: PostgreSQL then commits on the primary alone and
+    only warns. Found by the chaos run on postgresql-sync (10 fenced writes acknowledged,
+    then lost in failovers): fenced() now raises BackendUnavailable saying so, instead of
+    returning as if the write were as durable as every other commit."""
+    from django.db import connections as django_connections
+
+    from django_leader import lock
+
+    store, name = backend(), f"fenced-{uuid.uuid4().hex[:8]}"
+    with django_connections[ALIAS].cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS fenced_probe (note text)")
+    outcome: list[Any] = []
+
+    def write() -> None:
+        try:
+            with lock(name, ttl=TTL, backend=store) as lease:
+                replicated.stall_replication()
+                with lease.fenced(), django_connections[ALIAS].cursor() as cursor:
+                    cursor.execute("INSERT INTO fenced_probe VALUES ('alice')")
+            outcome.append("committed")
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=write, daemon=True)
+    caller.start()
+    caller.join(WAIT)
+    assert not caller.is_alive(), "the fenced commit never returned"
+    [answer] = outcome
+    assert isinstance(answer, BackendUnavailable), answer
+    assert "committed on the primary alone" in str(answer)
+    django_connections[ALIAS].close()
+
+
 def test_check_says_whether_commits_wait_for_the_standby(replicated: PgTopology) -> None:
     """W022 where the lease database streams to a standby and commits do not wait for it;
     nothing where they do."""

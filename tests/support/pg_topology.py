@@ -115,7 +115,13 @@ class PgTopology:
                         "-c", "fast")  # fmt: skip
         self.standby.start()
         self.await_streaming()
-        if self.synchronous:  # only now: until a standby streams, every commit would wait
+        self._synchronous_commit()
+
+    def _synchronous_commit(self) -> None:
+        """Make the primary's commits wait for the standby (if :attr:`synchronous`); only
+        once it streams, else every commit waits. Again after each failover: the promoted
+        standby has its own configuration."""
+        if self.synchronous:
             self.primary.query("ALTER SYSTEM SET synchronous_standby_names = '*'")
             self.primary.query("SELECT pg_reload_conf()")
 
@@ -168,6 +174,7 @@ class PgTopology:
         old.start()
         self.primary, self.standby = new, old
         self.await_streaming()
+        self._synchronous_commit()
 
     def stop(self) -> None:
         for cluster in (self.primary, self.standby):

@@ -9,7 +9,7 @@ expression.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -102,6 +102,18 @@ class Dialect:
         """Whether the session of ``wrapper`` (connected) has the bounds
         :meth:`timeout_options` asked for (False: a pooler dropped them)."""
         return True
+
+    def watch_commit(self, raw: Any) -> Callable[[], str | None]:
+        """Listen on ``raw`` (a DB-API connection) for a commit the server made on the
+        primary alone, its wait for a synchronous standby cancelled; the function returned
+        tells, after the commit, what the server said (None: nothing of the kind)."""
+        return lambda: None
+
+    def cancel_later(self, raw: Any, seconds: float) -> Callable[[], None]:
+        """Have what ``raw`` runs cancelled from the client ``seconds`` from now (a commit
+        waiting for a synchronous standby, which the server's timeouts do not end); the
+        function returned calls it off. The default: nothing."""
+        return lambda: None
 
     def bounded_call(self, wrapper: Any, seconds: float) -> AbstractContextManager[None]:
         """Bound, from the client, the statements the ``with`` block runs on ``wrapper``'s

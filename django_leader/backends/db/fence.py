@@ -7,7 +7,7 @@ other stores. Both are a :func:`bounded_transaction`: one that ends with the lea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager, suppress
 from typing import Any
 
@@ -15,7 +15,7 @@ from django.db import connections, transaction
 from django.db.utils import Error as DjangoDBError
 from django.db.utils import InterfaceError, OperationalError
 
-from ...exceptions import LeadershipLost
+from ...exceptions import BackendUnavailable, LeadershipLost
 from ...lease import Lease, clock
 from .dialect import Dialect
 from .socket_bound import SocketBound
@@ -60,10 +60,29 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
     if outermost:
         _recycle(connection)
     fence = _Fence(dialect, connection, lease)
+    unconfirmed: Callable[[], str | None] | None = None
+    call_off: Callable[[], None] = _nothing
     try:
         with transaction.atomic(using=alias), connection.execute_wrapper(fence):
+            if outermost:
+                connection.ensure_connection()
+                unconfirmed = dialect.watch_commit(connection.connection)
             yield connection
             fence.check("commit")
+            if outermost:
+                # The commit's wait for a synchronous standby outlasts every server-side
+                # bound: cancelled from here once the lease is over.
+                seconds = max(FENCE_FLOOR, lease.time_left())
+                call_off = dialect.cancel_later(connection.connection, seconds)
+        call_off()
+        said = unconfirmed() if unconfirmed is not None else None
+        if said is not None:
+            # The fence's statement_timeout cancelled the commit's wait for a synchronous
+            # standby: PostgreSQL then commits on the primary alone, and says so.
+            raise BackendUnavailable(
+                f"database {alias!r}: this fenced transaction committed on the primary "
+                f"alone ({said}); a failover may lose it: whether it lasts is not known"
+            )
     except (OperationalError, InterfaceError):
         # The connection may be dead (the server restarted, killed it, or ended this
         # transaction): a new one for the next call.
@@ -72,10 +91,15 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
                 connection.close()
         raise
     finally:
+        call_off()
         fence.socket.restore()
         if fence.saved and connection.connection is not None:
             with suppress(DjangoDBError), connection.cursor() as cursor:
                 dialect.unbound_transaction(cursor, fence.saved)
+
+
+def _nothing() -> None:
+    return None
 
 
 def lock_row(

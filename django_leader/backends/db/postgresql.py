@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -156,20 +156,33 @@ class PostgreSQLDialect(Dialect):
         # that is gone waits for ever. Cancelled from here, it returns "committed locally",
         # with a warning: such a write does not count (it may not survive a failover).
         raw = wrapper.connection
-        heard = _sync_cancels(raw)
-        before = len(heard)
+        unconfirmed = self.watch_commit(raw)
         armed = _CANCELLER.arm(raw, seconds + CANCEL_AFTER)
         try:
             yield
         finally:
             _CANCELLER.disarm(armed)
-        _collect(raw, heard)
-        if len(heard) > before:
+        said = unconfirmed()
+        if said is not None:
             raise BackendUnavailable(
                 "the synchronous standby did not confirm a lease write within "
-                f"{seconds + CANCEL_AFTER:g}s ({heard[-1]}): it does not count (a failover "
+                f"{seconds + CANCEL_AFTER:g}s ({said}): it does not count (a failover "
                 "could lose it)"
             )
+
+    def cancel_later(self, raw: Any, seconds: float) -> Callable[[], None]:
+        armed = _CANCELLER.arm(raw, seconds)
+        return lambda: _CANCELLER.disarm(armed)
+
+    def watch_commit(self, raw: Any) -> Callable[[], str | None]:
+        heard = _sync_cancels(raw)
+        before = len(heard)
+
+        def unconfirmed() -> str | None:
+            _collect(raw, heard)
+            return heard[-1] if len(heard) > before else None
+
+        return unconfirmed
 
     def clock_seed(self) -> tuple[str, list[Any]]:
         return "(extract(epoch from clock_timestamp()) * 1000000)::bigint", []
