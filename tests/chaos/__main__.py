@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         "--faults",
         default="",
         help="only these fault kinds, comma-separated ('partition': every network fault, "
-        "'clock': every clock fault)",
+        "'clock': every clock fault, 'store': the store's own faults)",
     )
     args = parser.parse_args(argv)
     if args.recheck is None and args.store is None:

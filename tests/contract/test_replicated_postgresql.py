@@ -186,11 +186,11 @@ def test_a_commit_the_synchronous_standby_does_not_confirm_does_not_count(
 def test_a_fenced_commit_the_synchronous_standby_does_not_confirm_is_reported(
     replicated: PgTopology,
 ) -> None:
-    """The fence bounds its transaction with statement_timeout, which also cuts a COMMIT's
-    wait for a synchronous standby short: PostgreSQL then commits on the primary alone and
-    only warns. Found by the chaos run on postgresql-sync (10 fenced writes acknowledged,
-    then lost in failovers): fenced() now raises BackendUnavailable saying so, instead of
-    returning as if the write were as durable as every other commit."""
+    """No server-side bound ends a COMMIT's wait for a synchronous standby: the fenced
+    commit waited for ever, the lease row locked (found while looking into the first
+    postgresql-sync chaos run). Now the wait is cancelled from the client once the lease is
+    over; PostgreSQL then commits on the primary alone and only warns, and fenced() raises
+    BackendUnavailable saying so instead of returning as if the write were durable."""
     from django.db import connections as django_connections
 
     from django_leader import lock
