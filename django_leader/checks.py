@@ -15,6 +15,10 @@
 * W001 — the lease database is an in-memory SQLite database, which other connections
   (and so other processes) cannot see.
 * W010…W016 — Celery beat and broker (below).
+* W017 — the ZooKeeper ensemble does not answer (``manage.py check --database <alias>``).
+* W020…W023 — what a failover of the lease store's replicas can do, or a pooler in the
+  way, as the backend tells (:meth:`Backend.check_replication
+  <django_leader.backends.base.Backend.check_replication>`; ``--database`` too).
 * W000 — one of these checks failed unexpectedly: no check raises (:func:`never_raises`).
 """
 
@@ -27,12 +31,16 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+    from .conf import LeaderSettings
 
 # Registers the check of DJANGO_LEADER["TASKS_SCHEDULE"] with the settings, which import
 # no feature: a malformed schedule is then refused by get_settings() at startup.
@@ -222,24 +230,13 @@ def check_zookeeper(
     3 s). A database check,
     like E003: Django runs it only when asked to (``manage.py check --database default``,
     ``migrate``), never on every command."""
-    from .backends.base import Backend
-    from .conf import get_settings
     from .exceptions import BackendUnavailable
 
-    if not databases:
-        return []
-    try:
-        conf = get_settings()
-        backend_class = import_string(conf.backend)
-    except (ImproperlyConfigured, ImportError):
-        return []  # reported by check_settings
+    found = _configured_backend() if databases else None
     # A store that can be pinged (the ZooKeeper ensemble) is asked; the others are not.
-    if not (
-        isinstance(backend_class, type)
-        and issubclass(backend_class, Backend)
-        and backend_class.answers_ping()
-    ):
+    if found is None or not found[1].answers_ping():
         return []
+    conf, backend_class = found
     zk = conf.zookeeper
     timeout = (zk.connect_timeout if zk else None) or ZOOKEEPER_CHECK_TIMEOUT
     backend = backend_class()
@@ -460,16 +457,24 @@ def check_replication(
     """W020… : what a failover of the lease store's replicas can do (SPEC rule 9), as the
     backend tells (:meth:`Backend.check_replication`). A database check, like W017: run by
     ``manage.py check --database default`` and ``migrate``, never on every command."""
+    found = _configured_backend() if databases else None
+    if found is None:
+        return []
+    conf, backend_class = found
+    return backend_class.check_replication(conf, REPLICATION_CHECK_TIMEOUT)
+
+
+def _configured_backend() -> tuple[LeaderSettings, type[Backend]] | None:
+    """The settings and the backend class they name; None if either is wrong (which
+    check_settings reports)."""
     from .backends.base import Backend
     from .conf import get_settings
 
-    if not databases:
-        return []
     try:
         conf = get_settings()
         backend_class = import_string(conf.backend)
     except (ImproperlyConfigured, ImportError):
-        return []  # reported by check_settings
+        return None
     if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
-        return []
-    return backend_class.check_replication(conf, REPLICATION_CHECK_TIMEOUT)
+        return None
+    return conf, backend_class

@@ -11,7 +11,6 @@ connect through it at all ("unsupported startup parameter: options").
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +23,7 @@ from django_leader.backends.db.connection import _POOLED, pooled
 from django_leader.checks import check_replication
 from tests.support.pgbouncer import PgBouncer, unavailable
 from tests.support.stores import REQUIRE_SERVICES, allow_database, stores_db
+from tests.support.waiting import returns_within
 
 pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
 
@@ -115,19 +115,8 @@ def test_a_call_through_the_pooler_stays_bounded(bouncer: PgBouncer) -> None:
     )
     try:
         blocker.execute("SELECT 1 FROM django_leader_lease WHERE name = %s FOR UPDATE", [name])
-        outcome: list[Any] = []
-
-        def renew() -> None:
-            try:
-                outcome.append(store.renew(lease, TTL))
-            except BackendUnavailable as exc:
-                outcome.append(exc)
-
-        caller = threading.Thread(target=renew, daemon=True)
-        caller.start()
-        caller.join(30.0)
-        assert not caller.is_alive(), "the renewal waited on the lock unbounded"
-        assert isinstance(outcome[0], BackendUnavailable), outcome
+        answer = returns_within(lambda: store.renew(lease, TTL), 30.0, "the renewal")
+        assert isinstance(answer, BackendUnavailable), answer
     finally:
         blocker.rollback()
         blocker.close()

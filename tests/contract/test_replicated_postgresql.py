@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
 from tests.support.pg_topology import PgTopology, unavailable
 from tests.support.stores import REQUIRE_SERVICES, allow_database, answered, stores_db
-from tests.support.waiting import wait_until
+from tests.support.waiting import returns_within, wait_until
 
 pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
 
@@ -165,19 +164,7 @@ def test_a_commit_the_synchronous_standby_does_not_confirm_does_not_count(
     lease, _ = store.acquire(name, "alice", TTL)
     assert lease is not None
     replicated.stall_replication()
-    outcome: list[Any] = []
-
-    def renew() -> None:
-        try:
-            outcome.append(store.renew(lease, TTL))
-        except BackendUnavailable as exc:
-            outcome.append(exc)
-
-    caller = threading.Thread(target=renew, daemon=True)
-    caller.start()
-    caller.join(WAIT)
-    assert not caller.is_alive(), "the renewal never returned"
-    [answer] = outcome
+    answer = returns_within(lambda: store.renew(lease, TTL), WAIT, "the renewal")
     assert isinstance(answer, BackendUnavailable), answer
     assert "synchronous standby did not confirm" in str(answer)
 
@@ -198,23 +185,15 @@ def test_a_fenced_commit_the_synchronous_standby_does_not_confirm_is_reported(
     store, name = backend(), f"fenced-{uuid.uuid4().hex[:8]}"
     with django_connections[ALIAS].cursor() as cursor:
         cursor.execute("CREATE TABLE IF NOT EXISTS fenced_probe (note text)")
-    outcome: list[Any] = []
 
-    def write() -> None:
-        try:
-            with lock(name, ttl=TTL, backend=store) as lease:
-                replicated.stall_replication()
-                with lease.fenced(), django_connections[ALIAS].cursor() as cursor:
-                    cursor.execute("INSERT INTO fenced_probe VALUES ('alice')")
-            outcome.append("committed")
-        except Exception as exc:
-            outcome.append(exc)
+    def write() -> str:
+        with lock(name, ttl=TTL, backend=store) as lease:
+            replicated.stall_replication()
+            with lease.fenced(), django_connections[ALIAS].cursor() as cursor:
+                cursor.execute("INSERT INTO fenced_probe VALUES ('alice')")
+        return "committed"
 
-    caller = threading.Thread(target=write, daemon=True)
-    caller.start()
-    caller.join(WAIT)
-    assert not caller.is_alive(), "the fenced commit never returned"
-    [answer] = outcome
+    answer = returns_within(write, WAIT, "the fenced commit")
     assert isinstance(answer, BackendUnavailable), answer
     assert "committed on the primary alone" in str(answer)
     django_connections[ALIAS].close()

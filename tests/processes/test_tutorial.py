@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import doctest
 import email
+import fcntl
 import os
 import re
 import shlex
@@ -33,6 +34,7 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 import zipfile
@@ -56,9 +58,7 @@ from tests.support.newcomer import (
 )
 from tests.support.stores import REQUIRE_SERVICES
 
-# One worker for the module: its module-scoped fixtures build the sdist in the checkout
-# (python -m build stages it there), which two workers at once would clobber.
-pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("tutorial")]
+pytestmark = pytest.mark.multiprocess
 
 TUTORIAL = Page(ROOT / "docs" / "tutorial.md")
 HOWTO = Page(ROOT / "docs" / "howto" / "ha-beat.md")
@@ -106,7 +106,12 @@ def dist(tmp: Path) -> dict[str, Path]:
     """The sdist and the wheel of this checkout (``python -m build``, as ``make dist``)."""
     require("package index", unreachable(package_index(), 443))
     out = tmp / "dist"
-    succeed(run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], ROOT, ENV))
+    # One build at a time: python -m build stages the sdist in the checkout itself, and two
+    # pytest workers building at once clobbered each other's staging directory.
+    lock_path = Path(tempfile.gettempdir()) / f"django-leader-build-{os.getuid()}.lock"
+    with open(lock_path, "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        succeed(run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], ROOT, ENV))
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")
     return {"sdist": sdist, "wheel": wheel}

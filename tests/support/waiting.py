@@ -7,9 +7,10 @@ a counter another thread bumps.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -39,3 +40,22 @@ def wait_until(
             text = message() if callable(message) else message
             raise AssertionError(f"{text}\n(not within {timeout:g} s; last value: {value!r})")
         time.sleep(min(interval, left))
+
+
+def returns_within(call: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``call()`` in a daemon thread: what it returned, or the exception it raised; fail
+    the test (``what`` never returned) if it has not within ``timeout`` seconds. For calls
+    that the code before a fix left hanging for ever."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=run, name="returns-within", daemon=True)
+    caller.start()
+    caller.join(timeout)
+    assert not caller.is_alive(), f"{what} never returned (not within {timeout:g} s)"
+    return outcome[0]
