@@ -396,7 +396,7 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
     timing: dict[str, Any] = {"ttl": ttl, "renew": renew, "retry": RETRY}
     a = cluster.spawn_candidate("a", **timing, DL_MP_MODE="race")
     b = cluster.spawn_candidate(
-        "b", **timing, DL_MP_MODE="race", DL_MP_DEFER="1", DL_MP_TRACE="acquire,woken"
+        "b", **timing, DL_MP_MODE="race", DL_MP_DEFER="1", DL_MP_TRACE="acquire,woken,sleep"
     )
     cluster.wait_ready([a, b])
     first = cluster.wait_for(matches("elected", a.label), "a leading")
@@ -417,7 +417,15 @@ def test_lost_wake_up_costs_at_most_a_retry_interval(
     after = cluster.position()
     store.wake(cluster.lease)  # the channel race candidates and observers watch
     woken = cluster.wait_for(matches("call", b.label, method="woken"), "b woken", after=after)
-    timer_at = attempted(cluster, b, after=woken["at"])["at"] + ttl - 2 * renew
+    returned = attempted(cluster, b, after=woken["at"])
+    # Stop b only once it sleeps: stopped between its attempt and deciding how long to
+    # sleep, it would decide on resuming, its hub having found the connection gone by then,
+    # and poll every RETRY_INTERVAL (right too, but not what this test is about).
+    sleeping = cluster.wait_for(
+        lambda e: matches("sleeping", b.label)(e) and e["at"] >= returned["at"], "b sleeping"
+    )
+    assert sleeping["interval"] >= ttl - 2 * renew, cluster.describe()
+    timer_at = sleeping["at"] + sleeping["interval"]
 
     os.kill(b.pid, signal.SIGSTOP)
     wait_until(lambda: b.state() == "T", timeout=PATIENCE, interval=0.005)

@@ -14,7 +14,9 @@ ZooKeeper):
 ``DL_MP_TRACE``
     backend methods (comma-separated: ``acquire``, ``read``, ``candidates``, ``woken``, ...)
     whose every call is reported as ``call`` (``method``, ``who``, ``at``: its ``clock``)
-    when it is made, and as ``returned`` when it returns.
+    when it is made, and as ``returned`` when it returns; ``sleep`` reports ``sleeping``
+    (``interval``, ``at``) each time the waiting candidate has decided how long it sleeps
+    unless woken, just before it sleeps.
 
 Events: ``ready``; ``started`` (campaigning); ``elected``, ``lost``, ``new_leader`` (from
 the callbacks);
@@ -162,7 +164,14 @@ def main() -> None:
             "lost", token=lease.token, reason=lease.lost_reason, deadline_wall=wall(lease.deadline)
         )
 
-    elector = Elector(
+    class Candidate(Elector):
+        def _poll_interval(self) -> float:
+            interval = super()._poll_interval()
+            if "sleep" in traced:
+                emit("sleeping", interval=interval, at=clock())
+            return interval
+
+    elector = Candidate(
         os.environ["DL_MP_LEASE"],
         ttl=ttl,
         renew_interval=float(os.environ["DL_MP_RENEW"]),

@@ -307,6 +307,7 @@ class Cluster:
         for child in self.children.values():
             lines.append(f"{child.label} (pid {child.pid}, exit {child.proc.poll()}) stderr:")
             lines.append(child.stderr_tail())
+        lines.extend(file_locks(self.db_name))
         return "\n".join(lines)
 
     def kill_all(self) -> None:
@@ -462,3 +463,16 @@ def wait_renewals(cluster: Cluster, who: str, token: int, count: int) -> Event:
             matches("deadline", who, token=token), f"a renewal by {who}", PATIENCE, after=after
         )
     return event
+
+
+def file_locks(path: str) -> list[str]:
+    """Who holds POSIX locks on the file ``path`` (a SQLite database's locks), from
+    /proc/locks: a writer stopped with its lock keeps everyone else out."""
+    try:
+        inode = os.stat(path).st_ino
+        with open("/proc/locks") as table:
+            held = [line.strip() for line in table if f":{inode} " in line]
+    except OSError:
+        return []
+    return [f"locks on {path} (/proc/locks):", *(f"  {line}" for line in held)] if held else []
+
