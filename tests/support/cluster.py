@@ -475,4 +475,3 @@ def file_locks(path: str) -> list[str]:
     except OSError:
         return []
     return [f"locks on {path} (/proc/locks):", *(f"  {line}" for line in held)] if held else []
-
