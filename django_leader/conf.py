@@ -109,7 +109,7 @@ def validate_name(name: Any) -> str:
         )
     if name != name.strip():
         raise ValueError(f"lease name must not begin or end with white space: {name!r}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if not printable(name):
         raise ValueError(f"lease name must not contain control characters: {name!r}")
     return name
 
@@ -119,7 +119,32 @@ def validate_identity(identity: Any) -> str:
         raise ValueError(f"identity must be a non-empty str, got {identity!r}")
     if len(identity) > MAX_IDENTITY_LENGTH:
         raise ValueError(f"identity must be at most {MAX_IDENTITY_LENGTH} characters")
+    if not printable(identity):
+        # It is logged, listed by `leader status` and shown in the admin: a newline or an
+        # escape sequence in it would forge log lines or rewrite a terminal.
+        raise ValueError(f"identity must not contain control characters: {identity!r}")
     return identity
+
+
+#: What a name or an identity may not hold: C0 and C1 controls (newlines, ESC, CSI), line
+#: and paragraph separators, and the bidirectional overrides that reorder displayed text.
+_CONTROL = frozenset(
+    [*map(chr, range(32)), *map(chr, range(127, 160)), "\u2028", "\u2029",
+     *map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A))]
+)  # fmt: skip
+
+
+def printable(text: str) -> bool:
+    """Whether ``text`` holds none of the control characters names and identities refuse."""
+    return _CONTROL.isdisjoint(text)
+
+
+def shown(text: str) -> str:
+    """``text`` with each control character written as an escape (``\\n``, ``\\x1b``): safe
+    to print or log, whoever wrote it to the store."""
+    if printable(text):
+        return text
+    return "".join(repr(c)[1:-1] if c in _CONTROL else c for c in text)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from ..conf import (
     MAX_IDENTITY_LENGTH,
     get_settings,
     resolve_timing,
+    shown,
 )
 from ..exceptions import BackendUnavailable, LeaseHeld
 from ..lease import Lease, _use_lease
@@ -190,9 +191,10 @@ def holder_host_pid(holder: str) -> tuple[str, int | None]:
 
 def task_identity(task_id: str | None) -> str:
     """The lock holder of a task execution: ``<task id>@<host>:<pid>`` (the pid lets the
-    worker's main process tell when the execution is over for good)."""
+    worker's main process tell when the execution is over for good). Whoever publishes the
+    task chooses its id: a control character in it is escaped (see :func:`shown`)."""
     suffix = f"@{socket.gethostname()}:{os.getpid()}"
-    head = task_id or "call"
+    head = shown(task_id or "call")
     return head[: MAX_IDENTITY_LENGTH - len(suffix)] + suffix
 
 

@@ -32,6 +32,7 @@ from django_leader.backends.slots import Slot, entry_key
 from django_leader.celery import LeaderScheduler, singleton_task
 from django_leader.celery.beat import wrapped_scheduler_class
 from django_leader.celery.tasks import release_abandoned, singleton_spec, task_identity
+from django_leader.conf import validate_identity
 from django_leader.lease import LossReason, clock
 from django_leader.term import resolve_backend
 from testproject.celery import app as project_app  # noqa: F401
@@ -767,3 +768,10 @@ def test_slot_times_are_the_stores_a_skewed_beat_clock_does_not_shift_the_schedu
     )
     gap = datetime.fromisoformat(sent.messages[1].options["headers"]["django_leader_slot"])
     assert 2.0 <= (gap - record.at).total_seconds() < 10
+
+
+def test_a_task_id_with_control_characters_is_escaped_in_its_holder() -> None:
+    """Whoever publishes a Celery task chooses its id: it reaches the holder escaped."""
+    holder = task_identity("id\n2026 INFO forged\x1b[2J")
+    assert holder.startswith("id\\n2026 INFO forged\\x1b[2J@")
+    assert validate_identity(holder) == holder

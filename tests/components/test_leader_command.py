@@ -104,6 +104,27 @@ def test_status_json_of_held_lease(backend: Any, lease_name: str) -> None:
     assert data["candidates"] == [] and data["queue"] == [] and data["known"] is True
 
 
+FORGED = "alice\n2026-11-27 10:00:00 INFO django_leader: bob acquired\x1b[2J\u202e"
+
+
+def test_status_and_history_escape_control_characters_a_store_writer_put_there(
+    backend: Any, lease_name: str
+) -> None:
+    """A holder with a newline and escape sequences, written by whoever can write to the
+    store (the API refuses such identities): printed escaped, never as a forged log line or
+    a cleared screen; JSON shows it exactly."""
+    lease, _ = backend.acquire(lease_name, FORGED, 30)
+    assert lease is not None
+    assert backend.flush_history(10)  # a cache store writes its history afterwards
+    for args in (["status", lease_name], ["history", lease_name]):
+        result = run(backend, *args)
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\u202e" not in result.stdout, result.stdout
+        assert "\n2026" not in result.stdout, result.stdout
+        assert "alice\\n2026" in result.stdout and "\\x1b[2J\\u202e" in result.stdout
+    assert json.loads(run(backend, "status", lease_name, "--json").stdout)["holder"] == FORGED
+
+
 def test_status_lists_candidates_waiting(backend: Any, lease_name: str) -> None:
     """Each candidate but the holder, in its place in the queue, with its priority, host,
     pid and how long ago the store last heard from it (by the store's clock)."""

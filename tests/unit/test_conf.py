@@ -10,7 +10,8 @@ from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_leader.conf import get_settings, resolve_timing
+from django_leader.conf import get_settings, resolve_timing, validate_identity
+from django_leader.locks import Lock
 from tests.support.stores import ROOT
 
 
@@ -248,3 +249,16 @@ def test_a_check_that_fails_reports_w000_instead_of_raising() -> None:
         "RuntimeError: Model class x doesn't declare an explicit app_label"
     )
     assert never_raises(lambda **kwargs: [])() == []
+
+
+@pytest.mark.parametrize(
+    "identity", ["a\nb", "host:1\x1b[2J", "csi\x9b31m", "left\u202eright", "tab\there"]
+)
+def test_identities_with_control_characters_are_refused(identity: str) -> None:
+    """Logged, listed by ``leader status``, shown in the admin: a newline or an escape
+    sequence in an identity would forge a log line or rewrite a terminal."""
+    with pytest.raises(ValueError, match="control characters"):
+        validate_identity(identity)
+    with pytest.raises(ValueError, match="control characters"):
+        Lock("name", identity=identity)
+    assert validate_identity("web-1.example:4242:ab12") == "web-1.example:4242:ab12"

@@ -29,7 +29,7 @@ from django.db.models import Max
 from django.db.models.functions import Now
 
 from django_leader.backends import get_backend
-from django_leader.conf import get_settings, validate_name
+from django_leader.conf import get_settings, shown, validate_name
 from django_leader.election import Candidate, Mode
 from django_leader.exceptions import BackendUnavailable, NotSupportedError
 from django_leader.handover import (
@@ -161,6 +161,8 @@ class Command(BaseCommand):
             except (TypeError, ValueError) as exc:
                 raise CommandError(str(exc), returncode=2) from None
         self._now: datetime | None = None
+        if not options.get("json"):
+            self.stdout = _Shown(self.stdout)  # type: ignore[assignment]
         try:
             self.exit_code = getattr(self, f"do_{action}")(options)
         except BackendUnavailable as exc:
@@ -412,3 +414,17 @@ class Command(BaseCommand):
         if gone:
             self.stdout.write(f"deleted {gone} expired candidacies")
         return 0
+
+
+class _Shown:
+    """Text output with every control character escaped: holders, actors and details come
+    from the store, written by whoever can write there (JSON output is escaped already)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def write(self, msg: str = "", *args: Any, **kwargs: Any) -> None:
+        self.out.write(shown(msg), *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
