@@ -10,6 +10,7 @@ BackendContract` runs both (see :mod:`django_leader.testing.contract`).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import threading
 import time
 import uuid
@@ -323,6 +324,26 @@ class LeaseContract:
         tokens = [backend.acquire(name, f"holder-{i}", 30)[0] for i, name in enumerate(names)]
         assert all(token is not None for token in tokens)
         assert [backend.read(name).holder for name in names] == ["holder-0", "holder-1", "holder-2"]
+
+    def test_names_a_store_might_encode_alike_are_different_leases(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """Braces (a Redis hash tag), the digest a store might put in their place, slashes,
+        dots and percent signs (a path): each name its own lease; releasing one frees no
+        other."""
+        braced = f"{lease_name}-{{customer}}"
+        names = [
+            braced,
+            hashlib.sha256(braced.encode()).hexdigest(),
+            f"{lease_name}-}}{{",
+            f"{lease_name}/a.b",
+            f"{lease_name}%2Fa%2Eb",
+        ]
+        granted = [backend.acquire(name, f"holder-{i}", 30)[0] for i, name in enumerate(names)]
+        assert all(lease is not None for lease in granted), granted
+        assert backend.force_release(names[1]) is not None
+        holders = [getattr(backend.read(name), "holder", None) for name in names]
+        assert holders == ["holder-0", None, "holder-2", "holder-3", "holder-4"], holders
 
     def test_an_acquisition_refused_reports_when_the_current_lease_was_read(
         self, backend: Any, lease_name: str

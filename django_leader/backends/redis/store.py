@@ -6,6 +6,7 @@ reply into a :class:`~django_leader.lease.Lease`."""
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -50,6 +51,21 @@ def to_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+#: A name that could be the digest :func:`hash_tag` puts in place of a name with braces.
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def hash_tag(name: str) -> str:
+    """The hash tag of ``name``'s keys, one per name: the name itself, but for a name with
+    braces (which would end the tag) its SHA-256 digest, and for a name that looks like
+    such a digest, ``{`` and its own digest (no name without braces starts with ``{``)."""
+    if "{" in name or "}" in name:
+        return hashlib.sha256(name.encode()).hexdigest()
+    if _DIGEST.fullmatch(name):
+        return "{" + hashlib.sha256(name.encode()).hexdigest()
+    return name
+
+
 class NotConfirmed(BackendUnavailable):
     """A lease write that fewer replicas confirmed than ``REDIS_WAIT_REPLICAS`` asks for: it
     does not count. :attr:`replies` are the scripts' replies (what the primary did)."""
@@ -89,12 +105,9 @@ class RedisStore(WrittenAfterwards, Backend):
 
     # -- key names ----------------------------------------------------------------------------
     def keys(self, name: str, parts: tuple[str, ...] = ("lease", "meta")) -> list[str]:
-        """The lease and meta keys of ``name`` (same hash tag, so one Cluster slot)."""
-        tag = (
-            name
-            if "{" not in name and "}" not in name
-            else hashlib.sha256(name.encode()).hexdigest()
-        )
+        """The lease and meta keys of ``name`` (same hash tag, so one Cluster slot): see
+        :func:`hash_tag`."""
+        tag = hash_tag(name)
         return [str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}")) for part in parts]
 
     def store_key(self) -> str:
