@@ -24,7 +24,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db.models import Max
 from django.db.models.functions import Now
 
@@ -162,7 +162,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc), returncode=2) from None
         self._now: datetime | None = None
         if not options.get("json"):
-            self.stdout = _Shown(self.stdout)  # type: ignore[assignment]
+            self.stdout = _Shown(self.stdout)  # type: ignore[has-type]
         try:
             self.exit_code = getattr(self, f"do_{action}")(options)
         except BackendUnavailable as exc:
@@ -416,15 +416,9 @@ class Command(BaseCommand):
         return 0
 
 
-class _Shown:
+class _Shown(OutputWrapper):
     """Text output with every control character escaped: holders, actors and details come
     from the store, written by whoever can write there (JSON output is escaped already)."""
 
-    def __init__(self, out: Any) -> None:
-        self.out = out
-
-    def write(self, msg: str = "", *args: Any, **kwargs: Any) -> None:
-        self.out.write(shown(msg), *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.out, name)
+    def write(self, msg: str = "", style_func: Any = None, ending: str | None = None) -> None:
+        super().write(shown(msg), style_func, ending)
