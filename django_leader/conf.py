@@ -35,6 +35,10 @@ DEFAULTS: dict[str, Any] = {
     "ELECTION_MODE": "race",
     "ZOOKEEPER": None,
     "REDIS_WAIT_REPLICAS": 0,
+    # django_leader.views: the fields of a lease the health views show to anyone
+    "HEALTH_DETAILS": (),
+    # django_leader.metrics: distinct lease names labelled, the others as "other"
+    "METRICS_NAMES": 100,
     # django_leader.tasks: entry name -> {"task", "every", ...} (its check is registered there)
     "TASKS_SCHEDULE": {},
 }

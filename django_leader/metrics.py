@@ -10,6 +10,10 @@ register, in prometheus-client's default registry:
   or were refused (``refused``);
 * ``django_leader_leaderless_seconds{name}`` — histogram of how long the name had no
   leader before this process took it over after an expiry (store clock).
+
+A process labels at most ``DJANGO_LEADER["METRICS_NAMES"]`` (default 100) distinct names,
+the first it sees; every later one is counted under the name ``(other)``, so that names
+made from data (``invoice-42``) cannot grow the exposition without bound.
 """
 
 from __future__ import annotations
@@ -17,11 +21,44 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+
 from . import hooks, signals
+from .conf import register_setting_check
 
 _installed = False
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
+#: The label of the names past the first ``METRICS_NAMES``.
+OTHER = "(other)"
+_labelled: set[str] = set()
+
+
+def names_limit(raw: Any) -> int:
+    """``METRICS_NAMES`` validated: a whole number >= 0."""
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ImproperlyConfigured(
+            "DJANGO_LEADER['METRICS_NAMES'] must be a whole number >= 0 (how many distinct "
+            f"lease names the metrics label; the others count as {OTHER!r}), got {raw!r}"
+        )
+    return raw
+
+
+register_setting_check("METRICS_NAMES", names_limit)
+
+
+def label(name: str) -> str:
+    """``name`` as the metrics label it: itself if labelled already or while fewer than
+    ``METRICS_NAMES`` are, else :data:`OTHER`."""
+    with _lock:
+        if name in _labelled:
+            return name
+        raw = (getattr(django_settings, "DJANGO_LEADER", None) or {}).get("METRICS_NAMES", 100)
+        if len(_labelled) < names_limit(raw):
+            _labelled.add(name)
+            return name
+    return OTHER
 
 
 def install() -> None:
@@ -63,20 +100,24 @@ def install() -> None:
 
 
 def _elected(sender: Any, lease: Any, **kwargs: Any) -> None:
-    _metrics["is_leader"].labels(lease.name).set(1)
-    _metrics["transitions"].labels(lease.name).inc()
+    name = label(lease.name)
+    if name != OTHER:  # a gauge of many names at once would say nothing
+        _metrics["is_leader"].labels(name).set(1)
+    _metrics["transitions"].labels(name).inc()
 
 
 def _ended(sender: Any, lease: Any, **kwargs: Any) -> None:
-    _metrics["is_leader"].labels(lease.name).set(0)
+    name = label(lease.name)
+    if name != OTHER:
+        _metrics["is_leader"].labels(name).set(0)
 
 
 def _observe(event: str, name: str, value: float) -> None:
     if event == "renew":
-        _metrics["renew"].labels(name).observe(value)
+        _metrics["renew"].labels(label(name)).observe(value)
     elif event == "renew_failed":
-        _metrics["failures"].labels(name, "error").inc()
+        _metrics["failures"].labels(label(name), "error").inc()
     elif event == "renew_refused":
-        _metrics["failures"].labels(name, "refused").inc()
+        _metrics["failures"].labels(label(name), "refused").inc()
     elif event == "leaderless":
-        _metrics["leaderless"].labels(name).observe(value)
+        _metrics["leaderless"].labels(label(name)).observe(value)

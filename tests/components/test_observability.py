@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from django.test import Client, RequestFactory
+from django.conf import settings
+from django.test import Client, RequestFactory, override_settings
 
 from django_leader import Elector, LeaseHeld, lock
 from django_leader.backends.base import Backend
@@ -54,23 +56,99 @@ def test_has_leader_200_then_503_and_only_reads(
     response = get()
     assert response.status_code == 200
     body = json.loads(response.content)
-    assert body["holder"] == "alice" and body["token"] == lease.token
+    # Anyone: whether there is a leader, not who it is (HEALTH_DETAILS is empty).
+    assert body == {"name": lease_name, "has_leader": True}
+    with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, "HEALTH_DETAILS": ["token"]}):
+        assert json.loads(get().content) == {
+            "name": lease_name,
+            "token": lease.token,
+            "has_leader": True,
+        }
+    # One who may view leases (the admin's permission): every field.
+    viewer = factory.get(url)
+    viewer.user = Viewer()
+    body = json.loads(views.has_leader(viewer, lease_name).content)
+    assert body["holder"] == "alice" and body["token"] == lease.token and body["expires_at"]
     backend.release(lease)
     assert get().status_code == 503
     assert views.has_leader(factory.post(url), lease_name).status_code == 405
 
 
-def test_has_leader_503_when_store_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+class Viewer:
+    """A signed-in user with the permission to view leases, and no other."""
+
+    is_authenticated = True
+
+    def has_perm(self, permission: str) -> bool:
+        return permission == "django_leader.view_lease"
+
+
+def test_has_leader_503_when_store_unreachable_names_no_server_to_strangers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store's error (hosts, ports, roles) goes to the log; a caller who may not view
+    leases is told the category only."""
     from django_leader import views
     from django_leader.exceptions import BackendUnavailable
 
+    error = 'connection to server at "10.1.2.3", port 5432 failed: role "app" does not exist'
+
     class Down(NoWrites):
         def read(self, name: str) -> Any:
-            raise BackendUnavailable("down")
+            raise BackendUnavailable(error)
 
     monkeypatch.setattr(views, "get_backend", lambda: Down(MemoryBackend()))
     response = Client().get("/leader/health/x/")
-    assert response.status_code == 503 and response.json()["error"] == "down"
+    assert response.status_code == 503
+    assert response.json() == {"name": "x", "error": "store unavailable"}
+    assert error in caplog.text
+    viewer = RequestFactory().get("/leader/health/x/")
+    viewer.user = Viewer()
+    assert json.loads(views.has_leader(viewer, "x").content)["error"] == error
+
+
+def test_health_details_setting_is_validated() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_leader import views
+    from django_leader.conf import get_settings
+
+    assert views.DETAILS == ("holder", "token", "expires_at")
+    for bad in ("holder", ["holder", "password"], 3):
+        bad_settings = {**settings.DJANGO_LEADER, "HEALTH_DETAILS": bad}
+        with (
+            override_settings(DJANGO_LEADER=bad_settings),
+            pytest.raises(ImproperlyConfigured, match="HEALTH_DETAILS"),
+        ):
+            get_settings()
+
+
+def test_metrics_label_at_most_metrics_names_names(
+    leader_backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names made from data must not grow the exposition without bound: past
+    METRICS_NAMES distinct names, the rest count as "(other)"."""
+    pytest.importorskip("prometheus_client")
+    from django_leader import metrics
+
+    Client().get("/leader/metrics/")  # installs the metrics
+    monkeypatch.setattr(metrics, "_labelled", set())
+    names = [f"invoice-{i}" for i in range(5)]
+    with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, "METRICS_NAMES": 2}):
+        for name in names:
+            with lock(name):
+                pass
+        text = Client().get("/leader/metrics/").content.decode()
+    transitions = [
+        line for line in text.splitlines() if line.startswith("django_leader_transitions_total{")
+    ]
+    labelled = {line.split('"')[1] for line in transitions}
+    assert {"invoice-0", "invoice-1", "(other)"} <= labelled, transitions
+    assert not labelled & {"invoice-2", "invoice-3", "invoice-4"}, transitions
+    assert any(
+        line.startswith('django_leader_transitions_total{name="(other)"} 3.0')
+        for line in transitions
+    ), transitions
 
 
 def test_leads_here_follows_the_local_elector(leader_backend: MemoryBackend) -> None:
@@ -88,8 +166,15 @@ def test_leads_here_follows_the_local_elector(leader_backend: MemoryBackend) -> 
     assert Client().get("/leader/health/%20/here/").status_code == 400
 
 
-def test_metrics_show_is_leader_flip(leader_backend: MemoryBackend) -> None:
+def test_metrics_show_is_leader_flip(
+    leader_backend: MemoryBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("prometheus_client")
+    from django_leader import metrics
+
+    # The names this worker labelled so far (every lease of every test before) are not
+    # this test's: "metered" must not come past METRICS_NAMES.
+    monkeypatch.setattr(metrics, "_labelled", set())
 
     def is_leader(name: str) -> float | None:
         text = Client().get("/leader/metrics/").content.decode()
@@ -166,3 +251,42 @@ def test_memory_backend_keeps_the_lease_contract(leader_backend: MemoryBackend) 
     assert leader_backend.acquire("n", "b", 30)[0] is None  # the term runs out first
     assert leader_backend.release(first) is False
     assert [e[0] for e in leader_backend.events] == ["acquired", "forced_release"]
+
+
+#: Exposition bytes of one name that has been through every metric (two histograms of 12
+#: buckets; about 2.7 KB measured with 13-character names), as docs/observability.md says.
+PER_NAME = 2800
+
+
+def test_metrics_exposition_stays_bounded_however_many_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thousand names through every metric: django-leader's part of the exposition
+    stays under (METRICS_NAMES + 1) x PER_NAME bytes."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from django_leader import hooks, metrics, signals
+    from django_leader.lease import Lease
+
+    metrics.install()
+    monkeypatch.setattr(metrics, "_labelled", set())
+
+    def ours() -> int:
+        text = generate_latest().decode()
+        return sum(
+            len(line) + 1 for line in text.splitlines() if "invoice-" in line or "(other)" in line
+        )
+
+    before = ours()
+    limit = 10
+    now = datetime.now(timezone.utc)
+    with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, "METRICS_NAMES": limit}):
+        for i in range(1000):
+            lease = Lease(f"invoice-{i:05d}", "h", 1, now, now, now, 1)
+            signals.leader_elected.send(sender=None, lease=lease)
+            signals.leader_lost.send(sender=None, lease=lease)
+            for event in ("renew", "renew_failed", "renew_refused", "leaderless"):
+                hooks.notify(event, lease.name, 0.01)
+    grown = ours() - before
+    assert 0 < grown <= (limit + 1) * PER_NAME, grown
