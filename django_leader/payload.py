@@ -24,6 +24,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -80,12 +81,24 @@ class HeartbeatFile:
 
     def reset(self) -> None:
         """A child starts: it has the whole watchdog period from now."""
-        # Again if a cleaner of the temporary directory took it meanwhile.
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        with open(self.path, "ab"):
-            pass
+        if not self._ours():
+            # A cleaner of the temporary directory took it: whatever sits at that path now
+            # (another user's directory, a symlink) is not used; a new one, as at the start.
+            self.directory = tempfile.mkdtemp(prefix="django-leader-")
+            self.path = os.path.join(self.directory, "heartbeat")
+        # Never through a symlink, even in a directory only this user can write to.
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         self._seen = self._status()
         self._beat = clock()
+
+    def _ours(self) -> bool:
+        """Whether the directory is still the one made for this file: a real directory of
+        this user that no one else may enter."""
+        try:
+            st = os.lstat(self.directory)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
     def idle(self) -> float:
         """Seconds since the child last touched the file (or since :meth:`reset`)."""
