@@ -349,7 +349,8 @@ def _validate_zookeeper(raw: Any) -> ZooKeeperSettings | None:
     ):
         raise ImproperlyConfigured(
             "DJANGO_LEADER['ZOOKEEPER']['AUTH'] must be a list of (scheme, credential) "
-            f"pairs such as [('digest', 'app:secret')], got {auth!r}"
+            f"pairs such as [('digest', 'app:secret')], got {_shape(auth)} (its values are "
+            "not shown: they are secrets)"
         )
     acl = conf["ACL"]
     if isinstance(acl, (list, tuple)):
@@ -384,6 +385,17 @@ def _validate_zookeeper(raw: Any) -> ZooKeeperSettings | None:
         auth=tuple((str(scheme), str(credential)) for scheme, credential in auth),
         acl=acl,
     )
+
+
+def _shape(value: Any) -> str:
+    """What ``value`` is made of, without any of its values (for an error about a secret)."""
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(_shape(item) for item in value[:5])
+        more = ", ..." if len(value) > 5 else ""
+        return f"a {type(value).__name__} of [{items}{more}]"
+    if isinstance(value, str):
+        return f"a str of {len(value)} characters" if value else "an empty str"
+    return f"a {type(value).__name__}"
 
 
 def _validate_settings_timing(conf: dict[str, Any]) -> Timing:

@@ -262,3 +262,17 @@ def test_identities_with_control_characters_are_refused(identity: str) -> None:
     with pytest.raises(ValueError, match="control characters"):
         Lock("name", identity=identity)
     assert validate_identity("web-1.example:4242:ab12") == "web-1.example:4242:ab12"
+
+
+@pytest.mark.parametrize(
+    "auth", ["digest:app:hunter22", ["digest:app:hunter22"], [("digest", "app:hunter22", "x")]]
+)
+def test_a_malformed_zookeeper_auth_is_reported_without_its_secret(auth: Any) -> None:
+    """ImproperlyConfigured and check E001 say what is wrong with AUTH, not what it holds."""
+    settings = {"ZOOKEEPER": {"AUTH": auth}}
+    with override_settings(DJANGO_LEADER=settings):
+        with pytest.raises(ImproperlyConfigured, match="AUTH") as raised:
+            get_settings()
+        messages = [str(message) for message in run_checks()]
+    assert "hunter22" not in str(raised.value), raised.value
+    assert messages and not any("hunter22" in message for message in messages), messages
