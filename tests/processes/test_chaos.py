@@ -1,6 +1,7 @@
-"""The short seeded chaos runs of CI: 30 s of process and store faults per store, and a
-run of network partitions on PostgreSQL (the candidates and the store in network
-namespaces of their own, tests/chaos/network.py); not one violation.
+"""The short seeded chaos runs of CI (``make chaos-short``, marked ``chaos``: ``make test``
+leaves them out): 30 s of process and store faults per store, 30 s of failovers per
+replicated store, and a run of network partitions on PostgreSQL (the candidates and the
+store in network namespaces of their own, tests/chaos/network.py); not one violation.
 
 Each store is a private instance the harness starts itself (see tests/chaos/stores.py), so
 the shared servers are never restarted or flushed. The long run is ``make chaos``
@@ -41,6 +42,7 @@ PARTITION_DURATION = 40.0
 FAILOVER_DURATION = 30.0
 
 
+@pytest.mark.chaos
 @pytest.mark.parametrize("store", ["sqlite", "postgresql", "mariadb", "redis", "zookeeper"])
 def test_no_violation_under_faults(store: str) -> None:
     reason = STORES[store].unavailable()
@@ -57,6 +59,7 @@ def test_no_violation_under_faults(store: str) -> None:
     _passes(harness.run(config), faults=5)
 
 
+@pytest.mark.chaos
 @pytest.mark.parametrize("store", ["redis-sentinel", "postgresql-standby"])
 def test_no_violation_under_failovers(store: str) -> None:
     """A replicated store (tests/chaos/replicated.py) failed over again and again: the
@@ -75,6 +78,7 @@ def test_no_violation_under_failovers(store: str) -> None:
     assert set(by_kind) <= set(STORES[store].faults), by_kind
 
 
+@pytest.mark.chaos
 def test_no_violation_under_partitions() -> None:
     """The candidates and a private PostgreSQL each in a network namespace, linked by the
     run's userspace switch; the nemesis cuts the leader off, loses its requests or its
