@@ -135,10 +135,10 @@ def test_current_lease_inside_the_task_and_released_after(store: Any) -> None:
     result = whoami.apply(kwargs={"name": name})
     assert result.successful(), result.traceback
     seen = result.get()
-    assert seen["name"] == f"unit-{name}"
+    assert seen["name"] == f"singleton:unit-{name}"
     assert seen["held"] is True
     assert seen["holder"].startswith(f"{result.id}@")  # the execution's own identity
-    assert store.read(f"unit-{name}") is None  # released
+    assert store.read(f"singleton:unit-{name}") is None  # released
     assert current_lease() is None
     # A second run gets a new lease with a greater token.
     again = whoami.apply(args=(name,)).get()
@@ -147,16 +147,16 @@ def test_current_lease_inside_the_task_and_released_after(store: Any) -> None:
 
 def test_skip_returns_none_and_leaves_the_holder_alone(store: Any) -> None:
     name = tag()
-    held = hold(store, f"unit-{name}")
+    held = hold(store, f"singleton:unit-{name}")
     result = whoami.apply(args=(name,))
     assert result.successful() and result.get() is None
-    current = store.read(f"unit-{name}")
+    current = store.read(f"singleton:unit-{name}")
     assert current is not None and (current.holder, current.token) == (held.holder, held.token)
 
 
 def test_raise_raises_lease_held(store: Any) -> None:
     name = tag()
-    hold(store, f"unit-{name}")
+    hold(store, f"singleton:unit-{name}")
     result = raises_when_locked.apply(args=(name,))
     assert result.failed()
     assert isinstance(result.result, LeaseHeld)
@@ -165,7 +165,7 @@ def test_raise_raises_lease_held(store: Any) -> None:
 
 def test_retry_retries_then_gives_up_with_lease_held(store: Any) -> None:
     name = tag()
-    hold(store, f"unit-{name}")
+    hold(store, f"singleton:unit-{name}")
     result = retries_when_locked.apply(args=(name,))
     # Eagerly, Celery runs the retries at once; after max_retries the LeaseHeld is raised.
     assert result.failed()
@@ -174,7 +174,7 @@ def test_retry_retries_then_gives_up_with_lease_held(store: Any) -> None:
 
 def test_retry_runs_once_the_lock_is_free(store: Any) -> None:
     name = tag()
-    held = hold(store, f"unit-{name}")
+    held = hold(store, f"singleton:unit-{name}")
     releaser = threading.Timer(0.0, store.release, args=(held,))
     attempts: list[int] = []
     original = retries_when_locked.retry
@@ -198,8 +198,8 @@ def test_retry_runs_once_the_lock_is_free(store: Any) -> None:
 def test_called_directly(store: Any) -> None:
     name = tag()
     assert whoami(name)["holder"].startswith("call@")  # no task id: still locked
-    assert store.read(f"unit-{name}") is None
-    hold(store, f"unit-{name}")
+    assert store.read(f"singleton:unit-{name}") is None
+    hold(store, f"singleton:unit-{name}")
     assert whoami(name) is None  # skip
     with pytest.raises(LeaseHeld):
         retries_when_locked(name)  # no request to retry
@@ -209,7 +209,7 @@ def test_released_when_the_task_fails(store: Any) -> None:
     name = tag()
     result = fails.apply(args=(name,))
     assert result.failed() and isinstance(result.result, RuntimeError)
-    assert store.read(f"unit-{name}") is None
+    assert store.read(f"singleton:unit-{name}") is None
 
 
 def test_released_before_each_retry(store: Any) -> None:
@@ -220,7 +220,7 @@ def test_released_before_each_retry(store: Any) -> None:
     # Three executions, each acquired the lock anew: the first two released it when they
     # raised Retry (or the retry would have been skipped as locked).
     assert len(tokens) == 3 and tokens == sorted(set(tokens))
-    assert store.read(f"unit-{name}") is None
+    assert store.read(f"singleton:unit-{name}") is None
 
 
 def test_lost_lease_is_visible_and_release_is_owner_checked(store: Any) -> None:
@@ -232,14 +232,14 @@ def test_lost_lease_is_visible_and_release_is_owner_checked(store: Any) -> None:
     assert seen["noticed"] is True and seen["held"] is False
     assert "is lost" in seen["raised"]
     # The task's late release did not free the intruder's lock.
-    current = store.read(f"unit-{name}")
+    current = store.read(f"singleton:unit-{name}")
     assert current is not None and current.holder == intruder
 
 
 def test_key_callable_and_bare_decorator(store: Any) -> None:
-    assert callable_key.apply(args=(7,), kwargs={"part": 2}).get() == "unit-callable-7-2"
-    assert bare.apply(args=(1,)).get() == bare.name
-    assert store.read(bare.name) is None
+    assert callable_key.apply(args=(7,), kwargs={"part": 2}).get() == "singleton:unit-callable-7-2"
+    assert bare.apply(args=(1,)).get() == f"singleton:{bare.name}"
+    assert store.read(f"singleton:{bare.name}") is None
 
 
 def test_celery_still_checks_the_arguments() -> None:
@@ -256,13 +256,13 @@ def test_key_formatting() -> None:
 
         return Singleton(fun, key=key, ttl=None, on_locked="skip", bind=bind, retry_delay=None)
 
-    assert spec("r-{customer_id}-{kind}").lock_name("t", (42,), {}) == "r-42-daily"
+    assert spec("r-{customer_id}-{kind}").lock_name("t", (42,), {}) == "singleton:r-42-daily"
     assert spec("r-{customer_id}-{kind}").lock_name("t", (), {"customer_id": 1, "kind": "x"}) == (
-        "r-1-x"
+        "singleton:r-1-x"
     )
-    assert spec("r-{0}").lock_name("t", (5, "weekly"), {}) == "r-5"
-    assert spec("r-{region}").lock_name("t", (5,), {"region": "eu"}) == "r-eu"  # via **options
-    assert spec(None).lock_name("proj.tasks.report", (1,), {}) == "proj.tasks.report"
+    assert spec("r-{0}").lock_name("t", (5, "weekly"), {}) == "singleton:r-5"
+    assert spec("r-{region}").lock_name("t", (5,), {"region": "eu"}) == "singleton:r-eu"
+    assert spec(None).lock_name("proj.tasks.report", (1,), {}) == "singleton:proj.tasks.report"
     long_name = spec("{customer_id}").lock_name("t", ("x" * 500,), {})
     assert len(long_name) == 200 and "#" in long_name
     with pytest.raises(ValueError, match="not an argument"):
@@ -278,7 +278,31 @@ def test_key_formatting() -> None:
 
     def bound(self: Any, account: int) -> None: ...
 
-    assert spec("a-{account}", fun=bound, bind=True).lock_name("t", (3,), {}) == "a-3"
+    assert spec("a-{account}", fun=bound, bind=True).lock_name("t", (3,), {}) == "singleton:a-3"
+
+
+def test_keys_of_different_arguments_never_make_one_lock_name() -> None:
+    """A format string's values are escaped where they could pass for the text between
+    two fields, and the names live apart from every other lease (issue 27, item 3)."""
+
+    def sync(a: str, b: str) -> None: ...
+
+    def spec(key: Any) -> Any:
+        from django_leader.celery.tasks import Singleton
+
+        return Singleton(sync, key=key, ttl=None, on_locked="skip", bind=False, retry_delay=None)
+
+    two = spec("sync-{a}-{b}")
+    names = {two.lock_name("t", args, {}) for args in [("x-y", "z"), ("x", "y-z"), ("x%2Dy", "z")]}
+    assert len(names) == 3, names
+    assert two.lock_name("t", ("x-y", "z"), {}) == "singleton:sync-x%2Dy-z"
+    assert two.lock_name("t", ("eu west", "2026"), {}) == "singleton:sync-eu west-2026"
+    # One field: nothing to confuse it with, nothing escaped.
+    assert spec("{a}").lock_name("t", ("report-2026-11", ""), {}) == "singleton:report-2026-11"
+    # A task publisher choosing the argument cannot name another lease (the beat's).
+    assert spec("{a}").lock_name("t", ("celery-beat:proj", ""), {}) != "celery-beat:proj"
+    with pytest.raises(ValueError, match="between two fields"):
+        spec("{a}{b}")
 
 
 def test_task_identity_names_the_execution() -> None:
@@ -296,16 +320,16 @@ def test_release_abandoned_frees_only_a_dead_executions_lock(store: Any) -> None
     task = whoami
     assert singleton_spec(task) is not None
     holder = f"{task_id}@{socket.gethostname()}:{dead.pid}"
-    store.acquire(f"unit-{name}", holder, 30)
+    store.acquire(f"singleton:unit-{name}", holder, 30)
     # Another execution's id: not released.
     thread = release_abandoned(task, str(uuid.uuid4()), (name,), {})
     assert thread is not None
     thread.join(10)
-    assert store.read(f"unit-{name}") is not None
+    assert store.read(f"singleton:unit-{name}") is not None
     thread = release_abandoned(task, task_id, (name,), {})
     assert thread is not None
     thread.join(10)
-    assert store.read(f"unit-{name}") is None
+    assert store.read(f"singleton:unit-{name}") is None
 
 
 def test_release_abandoned_leaves_another_hosts_lock_to_expire(store: Any) -> None:
@@ -315,12 +339,12 @@ def test_release_abandoned_leaves_another_hosts_lock_to_expire(store: Any) -> No
     dead.wait()  # no such process here...
     name = tag()
     task_id = str(uuid.uuid4())
-    store.acquire(f"unit-{name}", f"{task_id}@another-{socket.gethostname()}:{dead.pid}", 30)
+    store.acquire(f"singleton:unit-{name}", f"{task_id}@another-{socket.gethostname()}:{dead.pid}", 30)
     thread = release_abandoned(whoami, task_id, (name,), {})
     assert thread is not None
     thread.join(10)
     assert not thread.is_alive()
-    held = store.read(f"unit-{name}")  # ...but on the other host it may well run
+    held = store.read(f"singleton:unit-{name}")  # ...but on the other host it may well run
     assert held is not None and held.holder.startswith(f"{task_id}@another-")
 
 
@@ -331,7 +355,7 @@ def test_a_redelivered_task_waits_out_its_own_abandoned_lease(store: Any) -> Non
     name = tag()
     task_id = str(uuid.uuid4())
     # The dead execution ran on another host: its lease (ttl 2 s) must run out.
-    abandoned = hold(store, f"unit-{name}", f"{task_id}@another-host:4242")
+    abandoned = hold(store, f"singleton:unit-{name}", f"{task_id}@another-host:4242")
     store.renew(abandoned, 2)
     started = time.monotonic()
     result = whoami.apply(args=(name,), task_id=task_id)
@@ -340,9 +364,9 @@ def test_a_redelivered_task_waits_out_its_own_abandoned_lease(store: Any) -> Non
     assert ran is not None, "the redelivered task was skipped"
     assert ran["token"] > abandoned.token
     assert time.monotonic() - started < 2 + 10
-    assert store.read(f"unit-{name}") is None
+    assert store.read(f"singleton:unit-{name}") is None
     # Another task's lock is not waited for: skipped as before.
-    hold(store, f"unit-{name}", f"{uuid.uuid4()}@another-host:4242")
+    hold(store, f"singleton:unit-{name}", f"{uuid.uuid4()}@another-host:4242")
     assert whoami.apply(args=(name,), task_id=task_id).get() is None
 
 
@@ -351,14 +375,14 @@ def test_a_redelivered_task_frees_the_lock_of_its_dead_process_on_this_host(stor
     dead.wait()
     name = tag()
     task_id = str(uuid.uuid4())
-    hold(store, f"unit-{name}", f"{task_id}@{socket.gethostname()}:{dead.pid}")
+    hold(store, f"singleton:unit-{name}", f"{task_id}@{socket.gethostname()}:{dead.pid}")
     started = time.monotonic()
     result = retries_when_locked.apply(args=(name,), task_id=task_id)
     assert result.successful(), result.traceback
     assert result.get() == "ran"
     # Released at once (the process is gone), not after the lease's 30 s.
     assert time.monotonic() - started < 10
-    assert store.read(f"unit-{name}") is None
+    assert store.read(f"singleton:unit-{name}") is None
 
 
 # -- the slot records -----------------------------------------------------------------------

@@ -308,7 +308,7 @@ def test_singleton_runs_with_its_lease_and_releases_it(
     (start, end) = logged(task_log)
     assert start["ev"] == "start" and start["token"] is not None  # current_lease() was set
     assert end["ev"] == "end"
-    assert store.read("report-5") is None  # released
+    assert store.read("singleton:report-5") is None  # released
 
 
 def held(store: DatabaseBackend, name: str) -> None:
@@ -319,7 +319,7 @@ def held(store: DatabaseBackend, name: str) -> None:
 def test_singleton_skips_while_the_key_is_held(store: DatabaseBackend, task_log: Path) -> None:
     from testproject.demoapp import jobs
 
-    held(store, "report-6")
+    held(store, "singleton:report-6")
     assert jobs.report.call(6, 0) is None
     assert jobs.report.call(7, 0) == "report 7"  # another key runs
     assert [r["key"] for r in logged(task_log)] == ["report-7", "report-7"]
@@ -330,7 +330,7 @@ def test_async_singleton_skips_while_the_key_is_held(
 ) -> None:
     from testproject.demoapp import jobs
 
-    held(store, "areport-6")
+    held(store, "singleton:areport-6")
     assert jobs.areport.call(6, 0) is None
     assert jobs.areport.call(5, 0) == "areport 5"
     assert [r["ev"] for r in logged(task_log)] == ["start", "end"]
@@ -339,7 +339,7 @@ def test_async_singleton_skips_while_the_key_is_held(
 def test_singleton_on_locked_raise(store: DatabaseBackend) -> None:
     from testproject.demoapp import jobs
 
-    held(store, "testproject.demoapp.jobs.exclusive")
+    held(store, "singleton:testproject.demoapp.jobs.exclusive")
     with pytest.raises(LeaseHeld, match="another-worker"):
         jobs.exclusive.call()
 
@@ -351,7 +351,7 @@ def test_singleton_on_locked_retry_enqueues_it_again_later(
 
     from testproject.demoapp import jobs
 
-    held(store, "retried-3")
+    held(store, "singleton:retried-3")
     before = datetime.now(timezone.utc)
     assert jobs.retried.call(3, 0) is None
     (row,) = DBTaskResult.objects.filter(task_path="testproject.demoapp.jobs.retried")

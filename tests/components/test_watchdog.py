@@ -162,7 +162,8 @@ def test_stuck_work_keeps_the_lease_until_it_returns(
         assert stuck_for is not None and stuck_for >= 0
         status, body = live_view(grace=0)
         assert status == 503, body
-        assert {"name": lease_name, "identity": "stuck"}.items() <= body["stuck"][0].items()
+        # Anyone: the stuck name, not its identity (HEALTH_DETAILS names no "holder").
+        assert {"name": lease_name, "identity": None}.items() <= body["stuck"][0].items()
 
         # Twice the TTL: an unrenewed lease would have expired by then, and a released one
         # been taken within RETRY_INTERVAL, and acted on.

@@ -492,7 +492,7 @@ def test_singleton_revoked_with_terminate_releases_at_once(
     _, queue, store_name = worker
     store = store_backend(store_name)
     run = tag()
-    name = f"celery-test-long-{run}"
+    name = f"singleton:celery-test-long-{run}"
     try:
         result = singleton_hold_long.apply_async((run, 60), queue=queue)
         procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start")
@@ -526,7 +526,7 @@ def test_worker_killed_mid_task_its_lock_expires_after_ttl(
         f"worker-doomed-{tag()}", doomed_queue, concurrency=2, **STORES["redis"], **TIMING_ENV
     )
     run = tag()
-    name = f"celery-test-hold-{run}"
+    name = f"singleton:celery-test-hold-{run}"
     try:
         result = singleton_hold.apply_async((run, 60), queue=doomed_queue)
         procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start")
@@ -764,7 +764,7 @@ def test_singleton_past_its_hard_time_limit_frees_its_lock_at_once(
     _, queue, store_name = worker
     store = store_backend(store_name)
     run = tag()
-    name = f"celery-test-limit-{run}"
+    name = f"singleton:celery-test-limit-{run}"
     try:
         result = singleton_time_limited.apply_async((run, 60), queue=queue)
         procs.wait_records(lambda e: e.get("tag") == run and e["ev"] == "start", 1, 30, "start")
