@@ -339,7 +339,9 @@ def test_release_abandoned_leaves_another_hosts_lock_to_expire(store: Any) -> No
     dead.wait()  # no such process here...
     name = tag()
     task_id = str(uuid.uuid4())
-    store.acquire(f"singleton:unit-{name}", f"{task_id}@another-{socket.gethostname()}:{dead.pid}", 30)
+    store.acquire(
+        f"singleton:unit-{name}", f"{task_id}@another-{socket.gethostname()}:{dead.pid}", 30
+    )
     thread = release_abandoned(whoami, task_id, (name,), {})
     assert thread is not None
     thread.join(10)
