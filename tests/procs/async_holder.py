@@ -20,11 +20,12 @@ Environment (besides :mod:`.common`'s, which pick the store): ``DL_MP_IDENTITY``
 
     ``block`` (``freeze``: bool)
         the coroutine reports ``blocking`` and blocks the event loop in a synchronous wait
-        until ``unblock``; with ``freeze``, the monitor thread then SIGSTOPs the process
-        right after the next renewal (no store call in flight: no row lock held while
-        stopped), reporting ``freezing``, and ``resumed`` (``held``, ``lost``) first thing
-        after SIGCONT. Once unblocked the coroutine samples the lease before anything else
-        (``unblocked``: ``held``, ``lost``, ``blocked_for``) and, if it was frozen, tries to
+        until ``unblock``; with ``freeze``, the store thread then SIGSTOPs the process as
+        the next renewal returns (no store call in flight: no lock held while stopped, see
+        :class:`Freezer`), reporting ``freezing``, and ``resumed`` (``held``, ``lost``)
+        first thing after SIGCONT. Once unblocked the coroutine samples the lease before
+        anything else (``unblocked``: ``held``, ``lost``, ``blocked_for``) and, if it was
+        frozen, tries to
         act: a fenced write (note ``after``) with its lease and with a copy that does not
         know it lost (note ``after-unaware``); reply ``wrote`` (``fenced``, ``unaware``:
         ``committed`` or ``rejected: ...``).
@@ -36,7 +37,7 @@ Environment (besides :mod:`.common`'s, which pick the store): ``DL_MP_IDENTITY``
     cancelled at the loss: ``cancelled``); ``ready`` once
     campaigning. A monitor thread reports ``state`` (``is_leader`` changed, or its first
     sample after a pause: ``gap``) and ``renewed``; the command ``block`` (``freeze``) blocks
-    the loop, and SIGSTOPs the process after the next renewal, as in ``hold`` (``resumed``:
+    the loop, and SIGSTOPs the process as the next renewal returns, as in ``hold`` (``resumed``:
     ``is_leader``, ``held``, ``lost``), until ``unblock`` (``unblocked``: ``is_leader``).
 """
 
@@ -46,13 +47,13 @@ import asyncio
 import dataclasses
 import json
 import os
-import signal
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from tests.procs.common import (
+    Freezer,
     clock,
     db_alias,
     emit,
@@ -151,7 +152,7 @@ async def hold() -> None:
     # database the rows go to (docs/safety.md).
     using = None if os.environ["DL_MP_STORE"] == "database" else database
     commands = Commands(asyncio.get_running_loop())
-    freeze = threading.Event()
+    freezer = Freezer(backend)
 
     def write(held: Lease, note: str) -> None:
         FencedWrite.objects.using(database).create(writer=name, token=held.token, note=note)
@@ -180,24 +181,14 @@ async def hold() -> None:
             if lease.deadline != seen:
                 seen = lease.deadline
                 emit("renewed", **lease_fields(lease))
-                if freeze.is_set():
-                    freeze.clear()
-                    emit("freezing", **lease_fields(lease))
-                    before = time.monotonic()
-                    # Directed at this thread, SIGSTOP stops it (and the whole process)
-                    # before the call returns.
-                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-                    # First thing after SIGCONT: what the lease says now.
-                    emit(
-                        "resumed",
-                        held=lease.held,
-                        lost=lease.lost.is_set(),
-                        stopped_for=time.monotonic() - before,
-                    )
-                    sampled = time.monotonic()
             time.sleep(POLL)
 
     async with alock(name, ttl=float(os.environ["DL_MP_TTL"]), backend=backend) as lease:
+        freezer.report = lambda: {
+            **lease_fields(lease),
+            "held": lease.held,
+            "lost": lease.lost.is_set(),
+        }
         threading.Thread(target=monitor, args=(lease,), name="monitor", daemon=True).start()
         emit("acquired", **lease_fields(lease))
         emit("wrote", note="before", fenced=await fenced_write(lease, "before"))
@@ -210,7 +201,7 @@ async def hold() -> None:
             commands.unblock.clear()
             emit("blocking", freeze=frozen)
             if frozen:
-                freeze.set()
+                freezer.armed.set()
             started = time.monotonic()
             # The fault: a long synchronous call blocks the event loop.
             commands.unblock.wait(120)
@@ -253,16 +244,26 @@ async def elect() -> None:
         finally:
             emit("work_ended", token=lease.token, cancelled=cancelled, held=lease.held)
 
+    backend = make_backend()
+    freezer = Freezer(backend)
     elector = Reporting(
         os.environ["DL_MP_LEASE"],
         ttl=float(os.environ["DL_MP_TTL"]),
         renew_interval=float(os.environ["DL_MP_RENEW"]),
         retry_interval=float(os.environ["DL_MP_RETRY"]),
         identity=os.environ["DL_MP_IDENTITY"],
-        backend=make_backend(),
+        backend=backend,
     )
     commands = Commands(asyncio.get_running_loop())
-    freeze = threading.Event()
+
+    def report() -> dict[str, Any]:
+        lease = elector.lease
+        fields = {} if lease is None else lease_fields(lease)
+        held = lease is not None and lease.held
+        lost = lease is not None and lease.lost.is_set()
+        return {**fields, "is_leader": elector.is_leader, "held": held, "lost": lost}
+
+    freezer.report = report
 
     def monitor() -> None:
         leading, deadline, sampled = False, None, time.monotonic()
@@ -279,23 +280,6 @@ async def elect() -> None:
             if lease is not None and lease.deadline != deadline:
                 deadline = lease.deadline
                 emit("renewed", **lease_fields(lease))
-                if freeze.is_set():
-                    freeze.clear()
-                    emit("freezing", **lease_fields(lease))
-                    before = time.monotonic()
-                    # Directed at this thread, SIGSTOP stops it (and the whole process)
-                    # before the call returns.
-                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-                    # First thing after SIGCONT: what the elector and its lease say now.
-                    emit(
-                        "resumed",
-                        is_leader=elector.is_leader,
-                        held=lease.held,
-                        lost=lease.lost.is_set(),
-                        token=lease.token,
-                        stopped_for=time.monotonic() - before,
-                    )
-                    sampled = time.monotonic()
             time.sleep(POLL)
 
     await elector.start(work)
@@ -309,7 +293,7 @@ async def elect() -> None:
         commands.unblock.clear()
         emit("blocking", freeze=bool(command.get("freeze")))
         if command.get("freeze"):
-            freeze.set()
+            freezer.armed.set()
         started = time.monotonic()
         # The fault: a long synchronous call blocks the event loop.
         commands.unblock.wait(120)

@@ -40,9 +40,9 @@ Commands (stdin, JSON lines):
     database writes, ``unsupported: NotSupportedError: ...``). The database is the one
     this child writes rows to: on a cache store, the token is checked against its fence row.
 ``freeze``
-    right after the next successful renewal, report ``freezing`` and SIGSTOP this whole
-    process. Stopping just after a renewal means no store call is in flight, so the
-    process holds no row lock while it is stopped: the pause then only tests expiry.
+    as the next renewal returns, report ``freezing`` and SIGSTOP this whole process from
+    the store thread (:class:`~tests.procs.common.Freezer`): no store call is in flight,
+    so the process holds no lock while it is stopped and the pause only tests expiry.
 ``probe``
     with the (lost) lease of token ``token``: try a fenced write (``local_fence``), the
     same with a copy that does not know it lost (``db_fence``: only the database can
@@ -66,6 +66,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tests.procs.common import (
+    Freezer,
     clock,
     commands,
     db_alias,
@@ -112,7 +113,7 @@ def main() -> None:
         backend = CountingBackend(backend, listener=trace, returned=returned)
     database = db_alias()
     leases: dict[int, Lease] = {}
-    freeze = threading.Event()
+    freezer = Freezer(backend)
     hang = threading.Event()
 
     def deadlock(lease: Lease, beat: float) -> None:
@@ -136,26 +137,6 @@ def main() -> None:
                 continue
             seen = lease.deadline
             emit("deadline", **lease_fields(lease))
-            if freeze.is_set():
-                freeze.clear()
-                emit("freezing", **lease_fields(lease))
-                before = time.monotonic()
-                # Directed at this thread, SIGSTOP stops it (and with it the whole process)
-                # before the call returns; os.kill() could let it run on for a moment.
-                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-                # First thing after SIGCONT, while this thread still has the GIL (the call
-                # does not release it): the renewer has not run yet (lost_already says),
-                # so whatever is_leader says now comes from the local deadline alone.
-                lost = lease.lost.is_set()
-                leading, held = elector.is_leader, lease.held
-                emit(
-                    "resumed",
-                    token=lease.token,
-                    is_leader=leading,
-                    held=held,
-                    lost_already=lost,
-                    stopped_for=time.monotonic() - before,
-                )
         emit("work_done", token=lease.token, reason=lease.lost_reason)
 
     def on_lost(lease: Lease) -> None:
@@ -185,6 +166,17 @@ def main() -> None:
         on_lost=on_lost,
         on_new_leader=lambda lease: emit("new_leader", holder=lease.holder, token=lease.token),
     )
+
+    def report() -> dict[str, Any]:
+        # The store thread, as it resumes: the renewal's answer is not applied yet
+        # (lost_already says), so whatever is_leader says comes from the local deadline.
+        lease = elector.lease
+        fields = {} if lease is None else lease_fields(lease)
+        held = lease is not None and lease.held
+        lost = lease is not None and lease.lost.is_set()
+        return {**fields, "is_leader": elector.is_leader, "held": held, "lost_already": lost}
+
+    freezer.report = report
 
     def monitor() -> None:
         leading, sampled = False, time.monotonic()
@@ -259,7 +251,7 @@ def main() -> None:
         elif cmd == "flush":
             emit("flushed", ok=backend.flush_history(FLUSH_TIMEOUT))
         elif cmd == "freeze":
-            freeze.set()
+            freezer.armed.set()
             emit("freeze_armed")
         elif cmd == "probe":
             old = leases[command["token"]]

@@ -22,8 +22,9 @@ Commands (stdin, JSON lines):
     reply ``clock``: ``wall`` (``time.time()``) and ``boot`` (``CLOCK_BOOTTIME``) read
     together, so that the parent can tell the step took effect.
 ``freeze``
-    right after the next renewal (no store call in flight, no fenced transaction open),
-    report ``freezing`` and SIGSTOP this whole process.
+    as the next renewal returns, once no fenced write is running (no store call in
+    flight, no fenced transaction open), report ``freezing`` and SIGSTOP this whole
+    process from the store thread (:class:`~tests.procs.common.Freezer`).
 ``probe``
     with the lease of token ``token`` (lost by now): a fenced write with it
     (``local_fence``) and with a copy that does not know it lost (``db_fence``: only the
@@ -35,7 +36,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import TYPE_CHECKING, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 if "faketime" in os.environ.get("LD_PRELOAD", ""):
     # libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC fails clock_nanosleep() on
@@ -49,10 +50,17 @@ if "faketime" in os.environ.get("LD_PRELOAD", ""):
 
 # (Imported after the sleep is fixed, before anything could take the broken one.)
 import dataclasses
-import signal
 import threading
 
-from tests.procs.common import clock, commands, db_alias, emit, make_backend, setup_django
+from tests.procs.common import (
+    Freezer,
+    clock,
+    commands,
+    db_alias,
+    emit,
+    make_backend,
+    setup_django,
+)
 
 if TYPE_CHECKING:
     from django_leader import Lease
@@ -72,13 +80,14 @@ def main() -> None:
     backend = make_backend()
     database = db_alias()
     leases: dict[int, Lease] = {}
-    freeze = threading.Event()
+    writing = threading.Lock()  # held by a fenced write: a freeze waits for it
+    freezer = Freezer(backend, quiet=writing)
 
     def fenced_write(lease: Lease, note: str | None = None) -> tuple[str, int | None, float]:
         """A fenced write with ``lease``: the outcome, the row's id, when it was made."""
         made = clock()
         try:
-            with lease.fenced(using=database):
+            with writing, lease.fenced(using=database):
                 made = clock()
                 row = FencedWrite.objects.using(database).create(
                     writer=identity, token=lease.token, note=note or f"{made:.6f}"
@@ -112,13 +121,6 @@ def main() -> None:
             if lease.deadline != seen:
                 seen = lease.deadline
                 emit("deadline", t=clock(), token=lease.token, deadline=seen)
-                if freeze.is_set():
-                    freeze.clear()
-                    emit("freezing", t=clock(), token=lease.token)
-                    # Directed at this thread, SIGSTOP stops the whole process before the
-                    # call returns (os.kill() could let it run on for a moment).
-                    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-                    emit("resumed", t=clock(), token=lease.token, held=lease.held)
             if lease.lost.wait(ACT_EVERY):
                 break
         emit("acting_end", t=clock(), token=lease.token)
@@ -138,6 +140,13 @@ def main() -> None:
         on_elected=lambda lease: emit("elected", t=clock(), token=lease.token),
         on_lost=on_lost,
     )
+
+    def report() -> dict[str, Any]:
+        lease = elector.lease
+        held = lease is not None and lease.held
+        return {"t": clock(), "token": None if lease is None else lease.token, "held": held}
+
+    freezer.report = report
     elector.start(work)
     emit("ready", t=clock(), identity=identity)
 
@@ -146,7 +155,7 @@ def main() -> None:
         if cmd == "clock":
             emit("clock", wall=time.time(), boot=clock())
         elif cmd == "freeze":
-            freeze.set()
+            freezer.armed.set()
             emit("freeze_armed", t=clock())
         elif cmd == "probe":
             old = leases[command["token"]]

@@ -40,7 +40,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -201,3 +201,41 @@ def commands() -> Iterator[dict[str, Any]]:
             if pending.strip():
                 yield json.loads(pending)
             return
+
+
+class Freezer:
+    """SIGSTOPs this process, once :attr:`armed`, from the store thread itself as the next
+    renewal returns: no store call is in flight then. Stopped from another thread, the
+    process could stop inside the store call that follows each renewal (the leader reads
+    the candidates' registry), and a SQLite reader stopped mid-statement keeps every writer
+    of the file out. :attr:`report` gives what ``freezing`` and ``resumed`` say."""
+
+    def __init__(self, backend: Backend, quiet: threading.Lock | None = None) -> None:
+        #: Held by the process's own store work (a fenced write) while it runs: the stop
+        #: waits for it, so that no transaction of that work is open while stopped.
+        self.quiet = quiet or threading.Lock()
+        self.armed = threading.Event()
+        self.report: Callable[[], dict[str, Any]] = dict
+        for method in ("renew", "renew_many"):
+            setattr(backend, method, self._wrap(getattr(backend, method)))
+
+    def _wrap(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def renewing(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if self.armed.is_set():
+                    self.armed.clear()
+                    self._stop()
+
+        return renewing
+
+    def _stop(self) -> None:
+        with self.quiet:
+            emit("freezing", **self.report())
+            before = time.monotonic()
+            # Directed at this thread, SIGSTOP stops it (and the whole process) before the
+            # call returns; the renewal's answer is applied after SIGCONT.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        # First thing after SIGCONT: what the lease says now (its deadline alone).
+        emit("resumed", stopped_for=time.monotonic() - before, **self.report())
