@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -267,6 +268,48 @@ def test_prune_keeps_the_greatest_token_even_if_not_newest(db_alias: str, lease_
     with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
         call_command("leader", "prune", "--days", "30", stdout=io.StringIO())
     assert list(events.filter(name=lease_name).values_list("token", flat=True)) == [9]
+
+
+def test_prune_of_many_names_takes_a_few_statements_per_batch(
+    db_alias: str, lease_name: str
+) -> None:
+    """2,000 names with two old events each: the lower token of each goes, in a few
+    statements per batch (PRUNE_BATCH), never one per name, and never with more
+    parameters than a batch (SQLite's limit lowered to 999 here; it was one per name)."""
+    from django.db import connections
+    from django.test import override_settings
+    from django.test.utils import CaptureQueriesContext
+
+    old = timezone.now() - timedelta(days=40)
+    events = LeaseEvent.objects.using(db_alias)
+    names = [f"{lease_name}-{i:05d}" for i in range(2000)]
+    events.bulk_create(
+        [
+            LeaseEvent(name=name, kind="acquired", holder="h", token=token, at=old)
+            for name in names
+            for token in (1, 2)
+        ],
+        batch_size=500,
+    )
+    connection = connections[db_alias]
+    connection.ensure_connection()
+    limit = None
+    variables = getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", None)  # Python 3.11+
+    if connection.vendor == "sqlite" and variables is not None:
+        limit = connection.connection.setlimit(variables, 999)
+    try:
+        with (
+            override_settings(DJANGO_LEADER={"DATABASE": db_alias}),
+            CaptureQueriesContext(connection) as queries,
+        ):
+            call_command("leader", "prune", "--days", "30", stdout=io.StringIO())
+    finally:
+        if limit is not None:
+            connection.connection.setlimit(variables, limit)
+    left = events.filter(name__startswith=f"{lease_name}-")
+    assert left.count() == 2000 and set(left.values_list("token", flat=True)) == {2}
+    # A few statements per batch of 500 (PRUNE_BATCH) and a few more; one per name before.
+    assert len(queries) <= 30, len(queries)
 
 
 def test_prune_deletes_long_expired_candidacies(db_alias: str, lease_name: str) -> None:

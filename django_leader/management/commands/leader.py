@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
-from django.db.models import Max
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
 from django_leader.backends import get_backend
@@ -102,6 +102,10 @@ def waiting_line(entry: Waiting) -> str:
     if entry.seen_ago is not None:
         parts.append(f"seen {entry.seen_ago:.1f}s ago")
     return f"    {entry.place}. {c.identity}  ({', '.join(parts)})"
+
+
+#: History events ``leader prune`` deletes per statement.
+PRUNE_BATCH = 500
 
 
 class Command(BaseCommand):
@@ -394,16 +398,18 @@ class Command(BaseCommand):
             raise CommandError("--days must be 0 or more", returncode=2)
         database = get_backend().history_database or conf.database
         events = LeaseEvent.objects.using(database)
-        # Keep the event with the greatest token of every name: the database backend
-        # continues fencing tokens from it should a lease row ever be lost.
-        keep = [
-            events.filter(name=name, token=top).latest("id").id
-            for name, top in events.values("name")
-            .annotate(top=Max("token"))
-            .values_list("name", "top")
-        ]
-        old = events.filter(at__lt=Now() - timedelta(days=days)).exclude(id__in=keep)
-        deleted, _ = old.delete()
+        # Keep the event with the greatest token of every name (the latest of those): the
+        # database backend continues fencing tokens from it should a lease row ever be
+        # lost. An old event goes when its name has a greater (token, id).
+        above = events.filter(name=OuterRef("name")).filter(
+            Q(token__gt=OuterRef("token")) | Q(token=OuterRef("token"), id__gt=OuterRef("id"))
+        )
+        old = events.filter(at__lt=Now() - timedelta(days=days)).filter(Exists(above))
+        # In batches: two statements each, however many names, and never more parameters
+        # than a batch (SQLite and the drivers have limits).
+        deleted = 0
+        while ids := list(old.values_list("id", flat=True)[:PRUNE_BATCH]):
+            deleted += events.filter(id__in=ids).delete()[0]
         self.stdout.write(f"deleted {deleted} history events older than {days} days")
         # Candidacies of names nobody campaigns for any more (each announcement removes
         # the expired ones of its own name only). A day late: MySQL's NOW() is local time.
