@@ -9,22 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.stores import require_zookeeper, zookeeper_backend
+from tests.support.stores import forget_zookeeper_root, require_zookeeper, zookeeper_backend
 
 
 @pytest.fixture
 def root() -> Iterator[str]:
     path = f"/dl-reads-{uuid.uuid4().hex[:12]}"
     yield path
-    from kazoo.client import KazooClient
-
-    client = KazooClient(hosts=require_zookeeper()["HOSTS"])
-    client.start(timeout=10)
-    try:
-        client.delete(path, recursive=True)
-    finally:
-        client.stop()
-        client.close()
+    forget_zookeeper_root(path)
 
 
 def tree(client: Any, path: str) -> dict[str, tuple[int, int, int]]:

@@ -250,14 +250,14 @@ def test_paused_leader_steps_down_before_takeover_and_is_fenced(
         lost_after_resume=lost["t"] - resumed_at,
         deadline_before_takeover=second["acquired_at"] - lost["deadline_wall"],
     )
-    print(f"sampled on resume before the renewer marked it lost: {not resumed['lost_already']}")
+    print(f"sampled on resume before the renewer marked it lost: {not resumed['lost']}")
     assert "deadline" in lost["reason"], lost
     # The step-down instant precedes the moment the store gave the lease away, and the
     # new leader's own report of it.
     assert lost["deadline_wall"] < second["acquired_at"] <= second["t"], (lost, second)
     assert lost["deadline_wall"] < resumed_at
     # Sampled the moment it resumed, is_leader was already false (from the deadline alone,
-    # before the renewer ran: see lost_already).
+    # before the renewer ran: see lost).
     assert resumed["stopped_for"] > TTL, resumed  # sampled after the pause, not before
     assert resumed["is_leader"] is False and resumed["held"] is False, cluster.describe()
     woke = cluster.wait_for(

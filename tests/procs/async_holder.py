@@ -56,6 +56,7 @@ from tests.procs.common import (
     Freezer,
     clock,
     db_alias,
+    elector_state,
     emit,
     lease_fields,
     make_backend,
@@ -256,14 +257,7 @@ async def elect() -> None:
     )
     commands = Commands(asyncio.get_running_loop())
 
-    def report() -> dict[str, Any]:
-        lease = elector.lease
-        fields = {} if lease is None else lease_fields(lease)
-        held = lease is not None and lease.held
-        lost = lease is not None and lease.lost.is_set()
-        return {**fields, "is_leader": elector.is_leader, "held": held, "lost": lost}
-
-    freezer.report = report
+    freezer.report = elector_state(elector)
 
     def monitor() -> None:
         leading, deadline, sampled = False, None, time.monotonic()

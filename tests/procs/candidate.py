@@ -70,6 +70,7 @@ from tests.procs.common import (
     clock,
     commands,
     db_alias,
+    elector_state,
     emit,
     lease_fields,
     make_backend,
@@ -167,16 +168,7 @@ def main() -> None:
         on_new_leader=lambda lease: emit("new_leader", holder=lease.holder, token=lease.token),
     )
 
-    def report() -> dict[str, Any]:
-        # The store thread, as it resumes: the renewal's answer is not applied yet
-        # (lost_already says), so whatever is_leader says comes from the local deadline.
-        lease = elector.lease
-        fields = {} if lease is None else lease_fields(lease)
-        held = lease is not None and lease.held
-        lost = lease is not None and lease.lost.is_set()
-        return {**fields, "is_leader": elector.is_leader, "held": held, "lost_already": lost}
-
-    freezer.report = report
+    freezer.report = elector_state(elector)
 
     def monitor() -> None:
         leading, sampled = False, time.monotonic()

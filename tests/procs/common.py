@@ -239,3 +239,18 @@ class Freezer:
             signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         # First thing after SIGCONT: what the lease says now (its deadline alone).
         emit("resumed", stopped_for=time.monotonic() - before, **self.report())
+
+
+def elector_state(elector: Any) -> Callable[[], dict[str, Any]]:
+    """A :attr:`Freezer.report` for an Elector or AsyncElector: its lease's fields, and
+    ``is_leader``, ``held`` and ``lost`` (on resuming from the store thread, before the
+    renewal's answer is applied: what the local deadline alone says)."""
+
+    def report() -> dict[str, Any]:
+        lease = elector.lease
+        fields = {} if lease is None else lease_fields(lease)
+        held = lease is not None and lease.held
+        lost = lease is not None and lease.lost.is_set()
+        return {**fields, "is_leader": elector.is_leader, "held": held, "lost": lost}
+
+    return report

@@ -39,7 +39,7 @@ from django.conf import settings
 
 from testproject.services import DEFAULT_URLS, UNAVAILABLE
 from tests.support.redis_server import answers_ping
-from tests.support.stores import require_zookeeper, unavailable
+from tests.support.stores import forget_zookeeper_root, require_zookeeper, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -252,21 +252,9 @@ class Sandbox:
         )
 
     def _zookeeper(self) -> None:
-        from kazoo.client import KazooClient
-
         hosts = require_zookeeper()["HOSTS"]
         root = f"/{self.tag}"
-
-        def forget() -> None:
-            client = KazooClient(hosts=hosts)
-            client.start(timeout=15)
-            try:
-                client.delete(root, recursive=True)
-            finally:
-                client.stop()
-                client.close()
-
-        self._cleanup.append(forget)
+        self._cleanup.append(lambda: forget_zookeeper_root(root))
         self.env.update(
             DL_MP_STORE="zookeeper",
             DL_MP_ALIAS=hosts,

@@ -76,6 +76,19 @@ def zookeeper_backend(**kwargs: Any) -> Any:
     return store
 
 
+def forget_zookeeper_root(root: str) -> None:
+    """Delete ``root`` and everything under it on the tests' ZooKeeper."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=require_zookeeper()["HOSTS"])
+    client.start(timeout=15)
+    try:
+        client.delete(root, recursive=True)
+    finally:
+        client.stop()
+        client.close()
+
+
 def unavailable(reason: str) -> NoReturn:
     """Skip the test for a service it cannot reach (in CI, where every service is
     required, fail it)."""
