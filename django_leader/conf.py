@@ -20,6 +20,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .zookeeper_conf import (  # re-exported: the settings' API
+    ZooKeeperSettings,
+    validate_zookeeper,
+)
+
 DEFAULTS: dict[str, Any] = {
     "BACKEND": "django_leader.backends.db.DatabaseBackend",
     "DATABASE": "default",
@@ -41,17 +46,6 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_NAMES": 100,
     # django_leader.tasks: entry name -> {"task", "every", ...} (its check is registered there)
     "TASKS_SCHEDULE": {},
-}
-
-#: What ``DJANGO_LEADER["ZOOKEEPER"]`` may hold (the ZooKeeper backend's connection), and
-#: the defaults of each key.
-ZOOKEEPER_DEFAULTS: dict[str, Any] = {
-    "HOSTS": "127.0.0.1:2181",
-    "ROOT": "/django-leader",
-    "SESSION_TIMEOUT": None,
-    "CONNECT_TIMEOUT": None,
-    "AUTH": (),
-    "ACL": None,
 }
 
 #: Longest lease name accepted (the width of the ``name`` column).
@@ -174,30 +168,6 @@ class LeaderSettings:
     redis_wait_replicas: int = 0
 
 
-@dataclass(frozen=True)
-class ZooKeeperSettings:
-    """``DJANGO_LEADER["ZOOKEEPER"]``, validated (see docs/zookeeper-backend.md)."""
-
-    #: kazoo's connection string: ``host:port[,host:port…][/chroot]``.
-    hosts: str
-    #: The znode under which every lease, candidate and marker lives.
-    root: str
-    #: Seconds asked of the ensemble for the session; None: 30 s, or ``LEASE_TTL`` if
-    #: longer. A lease's ttl must not exceed the timeout the ensemble grants (the session's
-    #: end frees the lease).
-    session_timeout: float | None
-    #: Seconds a call waits for the connection while there is none (at the start, after
-    #: a drop) before it reports the store unavailable (None: the call timeout); the
-    #: client keeps trying in the background.
-    connect_timeout: float | None
-    #: ``(scheme, credential)`` pairs sent when connecting, e.g. ``("digest", "app:secret")``.
-    auth: tuple[tuple[str, str], ...]
-    #: The ACL of the znodes created: None (open, ZooKeeper's default),
-    #: ``"creator"`` (only the authenticated creator: needs AUTH), or a list of
-    #: ``"scheme:id:perms"`` strings (perms from ``rwcda``).
-    acl: str | tuple[str, ...] | None
-
-
 #: Checks of the keys that belong to a feature (key -> a callable raising
 #: ImproperlyConfigured), registered by the feature itself (``django_leader.tasks``
 #: registers ``TASKS_SCHEDULE``'s): the settings import no feature.
@@ -261,7 +231,7 @@ def _build() -> LeaderSettings:
             "no lease may be taken after the store may have forgotten leases), "
             f"got {lock_delay!r}"
         )
-    zookeeper = _validate_zookeeper(conf["ZOOKEEPER"])
+    zookeeper = validate_zookeeper(conf["ZOOKEEPER"])
     wait_replicas = conf["REDIS_WAIT_REPLICAS"]
     if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
         raise ImproperlyConfigured(
@@ -291,111 +261,6 @@ def _build() -> LeaderSettings:
         zookeeper=zookeeper,
         redis_wait_replicas=wait_replicas,
     )
-
-
-def _seconds_or_none(key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['ZOOKEEPER']['{key}'] must be None or a number of seconds > 0, "
-            f"got {value!r}"
-        )
-    return float(value)
-
-
-def _validate_zookeeper(raw: Any) -> ZooKeeperSettings | None:
-    """``DJANGO_LEADER["ZOOKEEPER"]`` checked key by key (None stays None: the backend then
-    uses the defaults)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['ZOOKEEPER'] must be a dict, got {type(raw).__name__}"
-        )
-    unknown = sorted(set(raw) - set(ZOOKEEPER_DEFAULTS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['ZOOKEEPER'] has unknown key(s) {', '.join(unknown)}; "
-            f"known keys are {', '.join(ZOOKEEPER_DEFAULTS)}"
-        )
-    conf = {**ZOOKEEPER_DEFAULTS, **raw}
-    hosts = conf["HOSTS"]
-    if isinstance(hosts, (list, tuple)):
-        hosts = ",".join(str(host) for host in hosts)
-    if not isinstance(hosts, str) or not hosts.strip():
-        raise ImproperlyConfigured(
-            "DJANGO_LEADER['ZOOKEEPER']['HOSTS'] must be a non-empty 'host:port,…' string "
-            f"or a list of 'host:port', got {conf['HOSTS']!r}"
-        )
-    root = conf["ROOT"]
-    parts = root.split("/")[1:] if isinstance(root, str) and root.startswith("/") else [""]
-    if any(part in ("", ".", "..") for part in parts) or parts[0] == "zookeeper":
-        raise ImproperlyConfigured(
-            "DJANGO_LEADER['ZOOKEEPER']['ROOT'] must be an absolute znode path such as "
-            f"'/django-leader' (not '/', no trailing '/', not under /zookeeper), got {root!r}"
-        )
-    auth = conf["AUTH"]
-    if not isinstance(auth, (list, tuple)) or not all(
-        isinstance(pair, (list, tuple))
-        and len(pair) == 2
-        and all(isinstance(part, str) and part for part in pair)
-        for pair in auth
-    ):
-        raise ImproperlyConfigured(
-            "DJANGO_LEADER['ZOOKEEPER']['AUTH'] must be a list of (scheme, credential) "
-            f"pairs such as [('digest', 'app:secret')], got {_shape(auth)} (its values are "
-            "not shown: they are secrets)"
-        )
-    acl = conf["ACL"]
-    if isinstance(acl, (list, tuple)):
-        acl = tuple(acl)
-        for entry in acl:
-            parts = entry.rsplit(":", 1) if isinstance(entry, str) else []
-            if (
-                len(parts) != 2
-                or ":" not in parts[0]
-                or not parts[1]
-                or set(parts[1]) - set("rwcda")
-            ):
-                raise ImproperlyConfigured(
-                    "DJANGO_LEADER['ZOOKEEPER']['ACL'] entries must be 'scheme:id:perms' "
-                    f"strings (perms from 'rwcda'), got {entry!r}"
-                )
-    elif acl not in (None, "creator"):
-        raise ImproperlyConfigured(
-            "DJANGO_LEADER['ZOOKEEPER']['ACL'] must be None (open), 'creator' or a list of "
-            f"'scheme:id:perms' strings, got {acl!r}"
-        )
-    if acl == "creator" and not auth:
-        raise ImproperlyConfigured(
-            "DJANGO_LEADER['ZOOKEEPER']['ACL'] = 'creator' needs AUTH (the creator is the "
-            "authenticated identity)"
-        )
-    return ZooKeeperSettings(
-        hosts=hosts.strip(),
-        root=root,
-        session_timeout=_seconds_or_none("SESSION_TIMEOUT", conf["SESSION_TIMEOUT"]),
-        connect_timeout=_seconds_or_none("CONNECT_TIMEOUT", conf["CONNECT_TIMEOUT"]),
-        auth=tuple((str(scheme), str(credential)) for scheme, credential in auth),
-        acl=acl,
-    )
-
-
-def _shape(value: Any) -> str:
-    """What ``value`` is made of, without any of its values (for an error about a secret)."""
-    if isinstance(value, (list, tuple)):
-        items = ", ".join(_shape(item) for item in value[:5])
-        more = ", ..." if len(value) > 5 else ""
-        return f"a {type(value).__name__} of [{items}{more}]"
-    if isinstance(value, str):
-        return f"a str of {len(value)} characters" if value else "an empty str"
-    return f"a {type(value).__name__}"
 
 
 def _validate_settings_timing(conf: dict[str, Any]) -> Timing:

@@ -36,6 +36,9 @@ from tests.support.waiting import wait_until
 ZOOKEEPER_JAR = Path(os.environ.get("DJANGO_LEADER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 #: A logger for slf4j, so that each server's log file says what it did (optional).
 SLF4J_SIMPLE_JAR = Path("/usr/share/java/slf4j-simple.jar")
+#: Netty's codecs, which the TLS client port (NettyServerCnxnFactory) needs and
+#: zookeeper.jar's manifest does not name.
+NETTY_JAR = Path("/usr/share/java/netty-codec.jar")
 
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -141,6 +144,8 @@ class _Node:
         classpath = [str(ZOOKEEPER_JAR)]
         if SLF4J_SIMPLE_JAR.is_file():
             classpath.append(str(SLF4J_SIMPLE_JAR))
+        if NETTY_JAR.is_file():
+            classpath.append(str(NETTY_JAR))
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -258,10 +263,31 @@ class ZooKeeperServer(_Started):
     less gets the bound).
     """
 
-    def __init__(self, tmp_path: Path, tick_ms: int = 200, max_session_ticks: int = 300):
+    def __init__(
+        self,
+        tmp_path: Path,
+        tick_ms: int = 200,
+        max_session_ticks: int = 300,
+        tls: tuple[Path, Path] | None = None,
+    ):
         require_zookeeper_jars()
         self.tick_ms = tick_ms
-        (self.port,) = free_ports(1)
+        self.port, self.secure_port = free_ports(2)
+        secure: dict[str, object] = {}
+        if tls is not None:
+            # A TLS client port beside the plain one (Netty serves it): ``tls`` is the PEM
+            # key and certificate of the server, in one file, and its certificate.
+            keystore, certificate = tls
+            secure = {
+                "secureClientPort": self.secure_port,
+                "secureClientPortAddress": "127.0.0.1",
+                "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+                "ssl.keyStore.location": keystore,
+                "ssl.keyStore.type": "PEM",
+                "ssl.trustStore.location": certificate,
+                "ssl.trustStore.type": "PEM",
+                "ssl.clientAuth": "none",
+            }
         self.node = _Node(
             tmp_path / f"zookeeper-{self.port}",
             STANDALONE_MAIN,
@@ -278,6 +304,7 @@ class ZooKeeperServer(_Started):
                 # is in the page cache (as the chaos PostgreSQL's fsync=off), and no write
                 # waits for the disk of a busy test machine.
                 "forceSync": "no",
+                **secure,
             },
             myid=None,
         )
@@ -286,6 +313,11 @@ class ZooKeeperServer(_Started):
     def hosts(self) -> str:
         """The connection string, ``127.0.0.1:<port>``."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_hosts(self) -> str:
+        """The connection string of the TLS client port (with ``tls``)."""
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def data_dir(self) -> Path:

@@ -62,6 +62,7 @@ class Ensemble(WrittenAfterwards, Backend):
             connect_timeout=base.connect_timeout,
             auth=base.auth,
             acl=base.acl,
+            tls=base.tls,
         )
         self.timeout = timeout or conf.timing.call_timeout
         self.root = self.conf.root

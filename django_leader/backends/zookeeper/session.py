@@ -84,6 +84,7 @@ class Session:
             # Reconnect forever, in the background; each call has its own bound.
             connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 0.5},
             command_retry=None,
+            **({} if conf.tls is None else conf.tls.kazoo_options()),
         )
         self._wrap_connect(conf)
         self.client.add_listener(on_state)
@@ -152,8 +153,8 @@ def granted_ms(session: Session) -> int:
 
 
 def default_zookeeper() -> ZooKeeperSettings:
-    from ...conf import _validate_zookeeper
+    from ...conf import validate_zookeeper
 
-    settings = _validate_zookeeper({})
+    settings = validate_zookeeper({})
     assert settings is not None
     return settings
