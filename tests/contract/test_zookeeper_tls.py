@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django_leader.conf import get_settings
 from django_leader.exceptions import BackendUnavailable
 from tests.support.stores import REQUIRE_SERVICES
-from tests.support.zookeeper_server import ZooKeeperServer, require_zookeeper_jars
+from tests.support.zookeeper_server import NETTY_JAR, ZooKeeperServer, require_zookeeper_jars
 
 pytest.importorskip("kazoo")
 
@@ -44,6 +44,9 @@ def certificate(directory: Path, name: str) -> tuple[Path, Path]:
 def tls_server(tmp_path: Path) -> Iterator[tuple[ZooKeeperServer, Path]]:
     """A private ZooKeeper with a TLS client port, and the certificate to trust."""
     require_zookeeper_jars()
+    if not NETTY_JAR.is_file():
+        message = f"no TLS client port without Netty's codecs ({NETTY_JAR}: libnetty-java)"
+        pytest.fail(message) if REQUIRE_SERVICES else pytest.skip(message)
     keystore, cert = certificate(tmp_path, "server")
     with ZooKeeperServer(tmp_path, tls=(keystore, cert)) as server:
         yield server, cert
