@@ -38,7 +38,7 @@ MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
 	@echo "make test       run the test suite (PYTEST_ARGS=... passes options to pytest)"
-	@echo "make chaos-short  the short seeded chaos runs of CI (tests marked chaos, about 7 min)"
+	@echo "make chaos-short  the short seeded chaos runs of CI (tests marked chaos, about 6 min)"
 	@echo "make lint       ruff check and format, mypy, makemigrations --check"
 	@echo "make docs       build the documentation into docs/_build/html (warnings are errors)"
 	@echo "make dist       build the sdist and the wheel into dist/ and check them with twine"

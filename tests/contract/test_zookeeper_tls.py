@@ -5,8 +5,6 @@ gets no session."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,27 +15,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django_leader.conf import get_settings
 from django_leader.exceptions import BackendUnavailable
 from tests.support.stores import REQUIRE_SERVICES
+from tests.support.tls import certificate
 from tests.support.zookeeper_server import NETTY_JAR, ZooKeeperServer, require_zookeeper_jars
 
 pytest.importorskip("kazoo")
-
-
-def certificate(directory: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1: (key and certificate in one PEM file, the
-    certificate alone)."""
-    if shutil.which("openssl") is None:
-        message = "openssl is not installed"
-        pytest.fail(message) if REQUIRE_SERVICES else pytest.skip(message)
-    key, cert = directory / f"{name}-key.pem", directory / f"{name}-cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    both = directory / f"{name}-keystore.pem"
-    both.write_text(key.read_text() + cert.read_text())
-    return both, cert
 
 
 @pytest.fixture
