@@ -20,9 +20,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .zookeeper_conf import (  # re-exported: the settings' API
+from .zookeeper_conf import (  # ZooKeeperSettings re-exported: the settings' API
     ZooKeeperSettings,
     validate_zookeeper,
+    with_defaults,
 )
 
 DEFAULTS: dict[str, Any] = {
@@ -188,13 +189,7 @@ def _build() -> LeaderSettings:
         raw = {}
     if not isinstance(raw, dict):
         raise ImproperlyConfigured("DJANGO_LEADER must be a dict")
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER has unknown key(s) {', '.join(unknown)}; "
-            f"known keys are {', '.join(DEFAULTS)}"
-        )
-    conf = {**DEFAULTS, **raw}
+    conf = with_defaults(raw, DEFAULTS, "DJANGO_LEADER")
     for key in ("BACKEND", "DATABASE", "CACHE", "BEAT_SCHEDULER"):
         if not isinstance(conf[key], str) or not conf[key]:
             raise ImproperlyConfigured(f"DJANGO_LEADER['{key}'] must be a non-empty string")

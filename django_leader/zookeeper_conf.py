@@ -10,6 +10,18 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+
+def with_defaults(raw: dict[str, Any], defaults: dict[str, Any], where: str) -> dict[str, Any]:
+    """``raw`` over ``defaults``; ImproperlyConfigured naming ``where`` for a key that
+    ``defaults`` does not have (the settings' keys are checked so, at every level)."""
+    unknown = sorted(set(raw) - set(defaults))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where} has unknown key(s) {', '.join(unknown)}; known keys are {', '.join(defaults)}"
+        )
+    return {**defaults, **raw}
+
+
 #: What ``DJANGO_LEADER["ZOOKEEPER"]`` may hold (the ZooKeeper backend's connection), and
 #: the defaults of each key.
 ZOOKEEPER_DEFAULTS: dict[str, Any] = {
@@ -113,13 +125,7 @@ def validate_zookeeper(raw: Any) -> ZooKeeperSettings | None:
         raise ImproperlyConfigured(
             f"DJANGO_LEADER['ZOOKEEPER'] must be a dict, got {type(raw).__name__}"
         )
-    unknown = sorted(set(raw) - set(ZOOKEEPER_DEFAULTS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['ZOOKEEPER'] has unknown key(s) {', '.join(unknown)}; "
-            f"known keys are {', '.join(ZOOKEEPER_DEFAULTS)}"
-        )
-    conf = {**ZOOKEEPER_DEFAULTS, **raw}
+    conf = with_defaults(raw, ZOOKEEPER_DEFAULTS, "DJANGO_LEADER['ZOOKEEPER']")
     hosts = conf["HOSTS"]
     if isinstance(hosts, (list, tuple)):
         hosts = ",".join(str(host) for host in hosts)
@@ -206,13 +212,7 @@ def _validate_tls(raw: Any) -> ZooKeeperTLS | None:
             "DJANGO_LEADER['ZOOKEEPER']['TLS'] must be None, True or a dict of "
             f"{', '.join(TLS_DEFAULTS)}, got {type(raw).__name__}"
         )
-    unknown = sorted(set(raw) - set(TLS_DEFAULTS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"DJANGO_LEADER['ZOOKEEPER']['TLS'] has unknown key(s) {', '.join(unknown)}; "
-            f"known keys are {', '.join(TLS_DEFAULTS)}"
-        )
-    conf = {**TLS_DEFAULTS, **raw}
+    conf = with_defaults(raw, TLS_DEFAULTS, "DJANGO_LEADER['ZOOKEEPER']['TLS']")
     for key in ("CA", "CERTFILE", "KEYFILE"):
         path = conf[key]
         if path is not None and (not isinstance(path, str) or not os.path.isfile(path)):

@@ -22,7 +22,7 @@ from django_leader import BackendUnavailable
 from django_leader.backends.db.connection import _POOLED, pooled
 from django_leader.checks import check_replication
 from tests.support.pgbouncer import PgBouncer, unavailable
-from tests.support.stores import REQUIRE_SERVICES, allow_database, stores_db
+from tests.support.stores import allow_database, require_postgresql, stores_db
 from tests.support.waiting import returns_within
 
 pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
@@ -35,13 +35,7 @@ TTL = 3.0
 def bouncer(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[PgBouncer]:
     """A PgBouncer in front of the tests' PostgreSQL database, as database alias
     ``pooled`` (the same test database), and the lease settings on it."""
-    reason = unavailable()
-    if reason is None and "postgresql" not in connections.settings:
-        reason = "no PostgreSQL database configured"
-    if reason is not None:
-        if REQUIRE_SERVICES:
-            pytest.fail(f"required service missing: {reason}")
-        pytest.skip(reason)
+    require_postgresql(unavailable())
     direct = connections.settings["postgresql"]
     pooler = PgBouncer(direct["HOST"] or "127.0.0.1", int(direct["PORT"] or 5432))
     pooler.start()

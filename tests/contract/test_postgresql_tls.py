@@ -22,7 +22,7 @@ from django.db import connections
 from django_leader.exceptions import BackendUnavailable
 from tests.chaos.stores import server_dir
 from tests.support.pg_topology import Cluster, unavailable
-from tests.support.stores import REQUIRE_SERVICES, allow_database, stores_db
+from tests.support.stores import allow_database, require_postgresql, stores_db
 from tests.support.tls import certificate
 
 pytestmark = [stores_db]
@@ -43,13 +43,7 @@ def hand_to_postgres(path: Path, mode: int) -> None:
 def tls_postgres(
     tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
-    reason = unavailable()
-    if reason is None and "postgresql" not in connections.settings:
-        reason = "no PostgreSQL database configured"
-    if reason is not None:
-        if REQUIRE_SERVICES:
-            pytest.fail(f"required service missing: {reason}")
-        pytest.skip(reason)
+    require_postgresql(unavailable())
     base = server_dir("pgtls", "postgres")
     cluster = Cluster(base, "primary")
     try:

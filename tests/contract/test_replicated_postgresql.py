@@ -25,7 +25,12 @@ from django.db import connections
 from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
 from tests.support.pg_topology import PgTopology, unavailable
-from tests.support.stores import REQUIRE_SERVICES, allow_database, answered, stores_db
+from tests.support.stores import (
+    allow_database,
+    answered,
+    require_postgresql,
+    stores_db,
+)
 from tests.support.waiting import returns_within, wait_until
 
 pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
@@ -41,13 +46,7 @@ def replicated(
 ) -> Iterator[PgTopology]:
     """A primary and a standby, the database alias ``replicated`` on them (migrated), and
     the lease settings on that alias."""
-    reason = unavailable()
-    if reason is None and "postgresql" not in connections.settings:
-        reason = "no PostgreSQL database configured"
-    if reason is not None:
-        if REQUIRE_SERVICES:
-            pytest.fail(f"required service missing: {reason}")
-        pytest.skip(reason)
+    require_postgresql(unavailable())
     topology = PgTopology(tmp_path, synchronous=request.param == "sync")
     try:
         topology.start()

@@ -76,6 +76,17 @@ def zookeeper_backend(**kwargs: Any) -> Any:
     return store
 
 
+def require_postgresql(reason: str | None) -> None:
+    """Skip the test (in CI: fail it) unless the tests' PostgreSQL is configured and
+    ``reason``, why its private servers cannot run here, is None."""
+    from django.db import connections
+
+    if reason is None and "postgresql" not in connections.settings:
+        reason = "no PostgreSQL database configured"
+    if reason is not None:
+        unavailable(reason)
+
+
 def forget_zookeeper_root(root: str) -> None:
     """Delete ``root`` and everything under it on the tests' ZooKeeper."""
     from kazoo.client import KazooClient
