@@ -28,7 +28,7 @@ from django_leader import BackendUnavailable, Elector, LeaseHeld, lock
 from django_leader.backends.base import Backend
 from django_leader.backends.db import DatabaseBackend
 from tests.support.stores import history, require, stores_db
-from tests.support.waiting import wait_until
+from tests.support.waiting import in_thread, wait_until
 
 pytestmark = stores_db
 
@@ -190,23 +190,6 @@ def proxied_store(
         yield CacheBackend("frozen-redis"), proxy
     finally:
         proxy.close()
-
-
-def in_thread(
-    fn: Callable[[], Any], name: str = "call-bounds-test"
-) -> tuple[threading.Thread, list[Any]]:
-    """Run ``fn`` in a daemon thread; its outcome (return value or exception) lands in the list."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(fn())
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 def renewed(lease: Any) -> Callable[[], bool]:

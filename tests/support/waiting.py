@@ -42,20 +42,26 @@ def wait_until(
         time.sleep(min(interval, left))
 
 
-def returns_within(call: Callable[[], Any], timeout: float, what: str) -> Any:
-    """``call()`` in a daemon thread: what it returned, or the exception it raised; fail
-    the test (``what`` never returned) if it has not within ``timeout`` seconds. For calls
-    that the code before a fix left hanging for ever."""
+def in_thread(fn: Callable[[], Any], name: str = "test-call") -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a daemon thread; its outcome (return value or exception) lands in the list."""
     outcome: list[Any] = []
 
     def run() -> None:
         try:
-            outcome.append(call())
-        except Exception as exc:
+            outcome.append(fn())
+        except BaseException as exc:
             outcome.append(exc)
 
-    caller = threading.Thread(target=run, name="returns-within", daemon=True)
-    caller.start()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def returns_within(call: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``call()`` in a daemon thread: what it returned, or the exception it raised; fail
+    the test (``what`` never returned) if it has not within ``timeout`` seconds. For calls
+    that the code before a fix left hanging for ever."""
+    caller, outcome = in_thread(call, name="returns-within")
     caller.join(timeout)
     assert not caller.is_alive(), f"{what} never returned (not within {timeout:g} s)"
     return outcome[0]
