@@ -183,6 +183,13 @@ def register_setting_check(key: str, check: Callable[[Any], object]) -> None:
     _cached = None  # settings read before the check was known are checked again
 
 
+def feature_setting(key: str) -> Any:
+    """``DJANGO_LEADER[key]`` as set, else its default: for a key that the feature owning
+    it validates itself (:func:`register_setting_check`)."""
+    raw = getattr(django_settings, "DJANGO_LEADER", None) or {}
+    return raw.get(key, DEFAULTS[key])
+
+
 def _build() -> LeaderSettings:
     raw = getattr(django_settings, "DJANGO_LEADER", None)
     if raw is None:

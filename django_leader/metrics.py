@@ -21,11 +21,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
 from . import hooks, signals
-from .conf import register_setting_check
+from .conf import feature_setting, register_setting_check
 
 _installed = False
 _lock = threading.Lock()
@@ -54,8 +53,7 @@ def label(name: str) -> str:
     with _lock:
         if name in _labelled:
             return name
-        raw = (getattr(django_settings, "DJANGO_LEADER", None) or {}).get("METRICS_NAMES", 100)
-        if len(_labelled) < names_limit(raw):
+        if len(_labelled) < names_limit(feature_setting("METRICS_NAMES")):
             _labelled.add(name)
             return name
     return OTHER

@@ -24,14 +24,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from .backends import get_backend
-from .conf import register_setting_check, validate_name
+from .conf import feature_setting, register_setting_check, validate_name
 from .elector import running_electors
 from .exceptions import BackendUnavailable
 from .lease import Lease
@@ -77,8 +76,7 @@ def _shown(request: HttpRequest) -> frozenset[str]:
     leases, else those of ``HEALTH_DETAILS``."""
     if _trusted(request):
         return frozenset(DETAILS)
-    raw = (getattr(django_settings, "DJANGO_LEADER", None) or {}).get("HEALTH_DETAILS", ())
-    return health_details(raw)
+    return health_details(feature_setting("HEALTH_DETAILS"))
 
 
 def _lease_json(

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ..backends.slots import entry_key
-from ..conf import register_setting_check
+from ..conf import feature_setting, register_setting_check
 from .compat import task_class
 
 #: The keys an entry of ``TASKS_SCHEDULE`` may have.
@@ -75,7 +74,7 @@ def load_schedule(raw: Any = None) -> list[Entry]:
     """The entries of ``raw`` (default: ``DJANGO_LEADER["TASKS_SCHEDULE"]``), validated;
     ImproperlyConfigured naming the key and the rule otherwise."""
     if raw is None:
-        raw = (getattr(django_settings, "DJANGO_LEADER", None) or {}).get("TASKS_SCHEDULE", {})
+        raw = feature_setting("TASKS_SCHEDULE")
     where = "DJANGO_LEADER['TASKS_SCHEDULE']"
     if not isinstance(raw, Mapping):
         raise ImproperlyConfigured(f"{where} must be a dict of entry name -> entry")
