@@ -6,6 +6,12 @@
   Faults: the primary killed (then back as a replica), frozen past the Sentinels'
   ``down-after`` and thawed (the split brain), a switchover, and the replicas frozen just
   before the primary is killed (the worst case: writes the promoted replica never saw).
+* ``redis-cluster``: three masters with a replica each (tests/support/redis_cluster.py);
+  the candidates use ``RedisClusterCache`` with ``REDIS_WAIT_REPLICAS = 1``
+  (``CHAOS_CLUSTER_WAIT=0``: none). Each fault hits the master serving the lease's slot:
+  killed (then back as its replica), frozen until its replica took over and thawed, failed
+  over by hand (``CLUSTER FAILOVER``), and killed after its replica was frozen and cut off
+  (the worst case).
 * ``postgresql-standby`` / ``postgresql-sync``: a primary and a streaming standby,
   asynchronous or synchronous (tests/support/pg_topology.py); the candidates reach them
   with libpq multi-host (``target_session_attrs=read-write``). Faults: the primary killed
@@ -18,6 +24,7 @@ Each failover is lossy for the liveness bound (the backend starts the lock-delay
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -102,6 +109,75 @@ class SentinelStore(Store):
             raise ValueError(kind)
         self._settle()
         return Injected(start, clock(), lossy=True, detail=f"primary now {t.primary_port()}")
+
+    def stop(self) -> None:
+        self.topology.stop()
+
+
+class ClusterStore(Store):
+    name = "redis-cluster"
+    faults = ("cluster-kill", "cluster-freeze", "cluster-failover", "cluster-lag-kill")
+    fenced = False
+    networked = False
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        from tests.support.redis_cluster import ClusterTopology
+
+        super().__init__(workdir, ttl)
+        self.topology = ClusterTopology(workdir / "cluster")
+        self.history = workdir / "history.sqlite3"
+        #: REDIS_WAIT_REPLICAS of the candidates: 1, or CHAOS_CLUSTER_WAIT of the run's
+        #: environment (0 shows what a failover does without durable writes).
+        self.wait_replicas = os.environ.get("CHAOS_CLUSTER_WAIT", "1")
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        from tests.support.redis_cluster import unavailable
+
+        reason = unavailable()
+        return None if reason is None else f"redis-cluster: {reason}"
+
+    def start(self) -> None:
+        self.topology.start()
+
+    def env(self) -> dict[str, str]:
+        return {
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.replicated_settings",
+            "CHAOS_CLUSTER": ",".join(self.topology.startup_nodes),
+            "CHAOS_REDIS_WAIT": self.wait_replicas,
+            "DATABASE_URL": f"sqlite:///{self.history}",
+            "DJANGO_LEADER_BACKEND": "django_leader.backends.redis.RedisBackend",
+            "DJANGO_LEADER_DATABASE": "default",
+        }
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        from tests.chaos.harness import LEASE
+
+        t, key = self.topology, f"django_leader:{{{LEASE}}}:lease"
+        start = clock()
+        old = t.master_of(key)
+        if kind == "cluster-failover":
+            t.manual_failover(old, key)
+        elif kind == "cluster-freeze":
+            t.freeze(old)
+            t.await_promoted(old, key)
+            t.thaw(old)  # believes it serves the slot until the cluster tells it
+        elif kind in ("cluster-kill", "cluster-lag-kill"):
+            replica = t.replica_of(old)
+            if kind == "cluster-lag-kill":
+                t.freeze(replica)
+                with contextlib.suppress(Exception):  # its link cut: nothing more arrives
+                    old.client().execute_command("CLIENT", "KILL", "TYPE", "replica")
+                time.sleep(rng.uniform(0.1, 0.5) * self.ttl)
+            t.kill(old)
+            t.thaw(replica)
+            t.await_promoted(old, key)
+            t.restart(old)
+        else:
+            raise ValueError(kind)
+        t.await_healthy()
+        new = t.master_of(key)
+        return Injected(start, clock(), lossy=True, detail=f"slot master now {new.port}")
 
     def stop(self) -> None:
         self.topology.stop()

@@ -1,6 +1,7 @@
 """The test project's settings for chaos candidates on a replicated store
 (tests/chaos/replicated.py): django-redis through the run's Sentinels
-(``CHAOS_SENTINELS``, ``CHAOS_SENTINEL_SERVICE``, ``CHAOS_REDIS_WAIT``), or PostgreSQL by
+(``CHAOS_SENTINELS``, ``CHAOS_SENTINEL_SERVICE``, ``CHAOS_REDIS_WAIT``), a Redis Cluster
+(``CHAOS_CLUSTER``: its nodes, and ``CHAOS_REDIS_WAIT``), or PostgreSQL by
 libpq multi-host over the run's primary and standby (``CHAOS_PG_PORTS``,
 ``CHAOS_PG_DATABASE``), whichever the environment gives.
 """
@@ -27,6 +28,14 @@ if os.environ.get("CHAOS_SENTINELS"):
                 )
             ],
         },
+    }
+    DJANGO_LEADER["CACHE"] = "redis"
+    DJANGO_LEADER["REDIS_WAIT_REPLICAS"] = int(os.environ.get("CHAOS_REDIS_WAIT", "1"))
+
+if os.environ.get("CHAOS_CLUSTER"):
+    CACHES["redis"] = {
+        "BACKEND": "django_leader.backends.redis.RedisClusterCache",
+        "LOCATION": [f"redis://{node}" for node in os.environ["CHAOS_CLUSTER"].split(",")],
     }
     DJANGO_LEADER["CACHE"] = "redis"
     DJANGO_LEADER["REDIS_WAIT_REPLICAS"] = int(os.environ.get("CHAOS_REDIS_WAIT", "1"))

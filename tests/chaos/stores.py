@@ -671,11 +671,17 @@ STORES: dict[str, type[Store]] = {
 }
 
 # The replicated stores build on Store (so they come after it).
-from tests.chaos.replicated import SentinelStore, StandbyStore, SyncStandbyStore  # noqa: E402
+from tests.chaos.replicated import (  # noqa: E402
+    ClusterStore,
+    SentinelStore,
+    StandbyStore,
+    SyncStandbyStore,
+)
 
 STORES.update(
     {
         "redis-sentinel": SentinelStore,
+        "redis-cluster": ClusterStore,
         "postgresql-standby": StandbyStore,
         "postgresql-sync": SyncStandbyStore,
     }

@@ -265,3 +265,38 @@ def test_check_warns_where_a_failover_could_lose_a_lease(
     assert ids(0) == ["django_leader.W020"]
     assert ids(2) == []
     assert ids(3) == ["django_leader.W021"]
+
+
+def test_a_failover_before_the_store_marker_reached_a_replica_starts_the_lock_delay(
+    topology: SentinelTopology, configure: Any
+) -> None:
+    """The first lease a primary ever grants writes the store marker. Replicas cut off
+    (frozen, links killed) before it, the primary killed, a replica promoted: the marker is
+    missing there, as on a store never used, and the promoted server was never flushed.
+    It was promoted (its previous replication id tells), so the loss counts from now: bob
+    gets the lease only after alice's deadline (without durable writes, what W020 warns
+    of). Failed before: bob got it at once."""
+    configure({"sentinel": sentinel_cache(topology)}, wait=0)
+    store, name = backend("sentinel"), f"first-{uuid.uuid4().hex[:8]}"
+    primary = topology.primary()
+    # Up for longer than the lock-delay: a store never used is used at once.
+    wait_until(lambda: int(primary.client().info("server")["uptime_in_seconds"]) > TTL,
+               timeout=WAIT)  # fmt: skip
+    assert primary.client().exists(store.store_key(name)) == 0
+    replicas = [node for node in topology.nodes if node is not primary]
+    for node in replicas:
+        topology.freeze(node)
+    primary.client().execute_command("CLIENT", "KILL", "TYPE", "replica")
+    sent = time.monotonic()
+    held, _ = store.acquire(name, "alice", TTL)
+    assert held is not None
+    primary.kill()
+    for node in replicas:
+        topology.thaw(node)
+    topology.await_failover(primary.port)
+    assert answered(store.read, name, timeout=WAIT) is None  # the grant was lost
+
+    taken = wait_until(lambda: answered(store.acquire, name, "bob", TTL, timeout=WAIT)[0],
+                       timeout=WAIT, message="bob never got the lease")  # fmt: skip
+    assert time.monotonic() >= sent + TTL
+    assert taken.token > held.token

@@ -24,9 +24,9 @@ Keys (one lease's keys share a hash tag, so they sit in one Redis Cluster slot):
 * ``<prefix>:<version>:django_leader:terms`` — a hash of every lease name to the end of
   its last term, so that a name whose keys were deleted by hand is not given away early.
 
-An acquisition touches the store-wide keys too, so the lease keys of one name share a slot
-but an acquisition does not: Redis Cluster is not supported (Django's cache clients talk to
-one primary anyway).
+On a Redis Cluster (:class:`RedisClusterCache`) the two store-wide keys are kept once per
+hash slot instead (``django_leader:{<slot tag>}:store`` and ``:terms``), so that every
+script touches one slot: see :mod:`.cluster`.
 
 **A Redis that forgets** (see "When the store forgets" in docs/safety.md). Redis may
 lose writes it acknowledged: a ``FLUSHDB``/``FLUSHALL`` (``cache.clear()`` is one), a
@@ -35,9 +35,10 @@ writes, a failover to a replica that missed them. A holder that cannot reach Red
 still believe it leads until its local deadline, while the store says the name is free.
 Every acquisition therefore first checks the store marker:
 
-* missing (flushed, restarted without persistence, deleted, or a store never used): the
-  state was lost when the server started if nothing was flushed since (``INFO
-  commandstats``), else at an unknown time before now;
+* missing (flushed, restarted without persistence, deleted, failed over to a replica that
+  never had it, or a store never used): the state was lost when the server started if
+  nothing was flushed since (``INFO commandstats``) and the server was never promoted
+  from replica (``INFO replication``), else at an unknown time before now;
 * written by another server process (``run_id`` differs: a restart from disk, a failover):
   lost now.
 
@@ -57,16 +58,18 @@ token is greater than every earlier one. The assumption: Redis's clock does not 
 backwards across the restart or failover (by more than the time the restart took). Tokens
 therefore look like ``1763784000123457`` rather than ``1``; only their order matters.
 
-The package, one concern a module, lower first: client.py (the redis-py client behind the
-cache, bounded in time), scripts.py (the Lua script of each operation), store.py (what the
-others share: the client, the scripts registered, key names, reply decoding), leases.py
-(acquire, renew, release, read, hand-over), batch.py (many renewals in one round trip),
-registry.py (candidates), listen.py (wake-ups over pub/sub), slots.py (the beat's slot
-records), backend.py (:class:`RedisBackend`, made of them).
+The package, one concern a module, lower first: cluster.py (the cache, client and per-slot
+keys of a Redis Cluster), client.py (the redis-py client behind the cache, bounded in time),
+scripts.py (the Lua script of each operation), store.py (what the others share: the
+client, the scripts registered, key names, calls routed to their server, reply decoding),
+leases.py (acquire, renew, release, read, hand-over), batch.py (many renewals in one round
+trip), registry.py (candidates), listen.py (wake-ups over pub/sub), slots.py (the beat's
+slot records), backend.py (:class:`RedisBackend`, made of them).
 """
 
 from django_leader.backends.redis.backend import RedisBackend
 from django_leader.backends.redis.batch import BATCH
 from django_leader.backends.redis.client import redis_client
+from django_leader.backends.redis.cluster import RedisClusterCache
 
-__all__ = ["BATCH", "RedisBackend", "redis_client"]
+__all__ = ["BATCH", "RedisBackend", "RedisClusterCache", "redis_client"]

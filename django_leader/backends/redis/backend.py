@@ -13,10 +13,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_leader.backends.redis.batch import BatchRenewal
 from django_leader.backends.redis.client import bounded, redis_client
+from django_leader.backends.redis.cluster import LazyCluster
 from django_leader.backends.redis.leases import RedisLeases
 from django_leader.backends.redis.listen import WakeUps
 from django_leader.backends.redis.registry import Registry
 from django_leader.backends.redis.slots import RedisSlots
+from django_leader.backends.redis.store import errors
 from django_leader.conf import get_settings
 
 if TYPE_CHECKING:
@@ -58,7 +60,9 @@ class RedisBackend(RedisLeases, BatchRenewal, Registry, WakeUps):
                 Error(
                     f"DJANGO_LEADER['CACHE'] {conf.cache!r}: {exc}",
                     hint="Point CACHE at a cache using django_redis.cache.RedisCache or "
-                    "django.core.cache.backends.redis.RedisCache, or use the database backend.",
+                    "django.core.cache.backends.redis.RedisCache (on a Redis Cluster, "
+                    "django_leader.backends.redis.RedisClusterCache), or use the database "
+                    "backend.",
                     id="django_leader.E004",
                 )
             ]
@@ -83,21 +87,30 @@ def check_replicas(conf: LeaderSettings, client: Any) -> list[CheckMessage]:
     not wait for any (``REDIS_WAIT_REPLICAS`` 0); W021 when they wait for more replicas
     than the primary has. Nothing when Redis does not answer (E-checks of the connection
     are the backend's calls' business)."""
-    import redis
     from django.core.checks import Warning
+    from redis.cluster import RedisCluster
     from redis.sentinel import SentinelConnectionPool
 
+    cluster = isinstance(client, LazyCluster)
     try:
-        replicas = int(client.info("replication").get("connected_slaves", 0))
-    except redis.RedisError:
+        if cluster:  # the master with the fewest replicas
+            found = client.info("replication", target_nodes=RedisCluster.PRIMARIES)
+            counts = [info.get("connected_slaves", 0) for info in found.values()]
+            replicas = min(int(count) for count in counts)
+        else:
+            replicas = int(client.info("replication").get("connected_slaves", 0))
+    except errors():
         return []
-    sentinel = isinstance(client.connection_pool, SentinelConnectionPool)
+    sentinel = not cluster and isinstance(client.connection_pool, SentinelConnectionPool)
     wait = conf.redis_wait_replicas
     where = f"DJANGO_LEADER['CACHE'] {conf.cache!r}"
+    primary = "the Redis primary"
+    if cluster:
+        primary = "the Redis Cluster master with the fewest replicas"
     if wait == 0 and (replicas or sentinel):
         return [
             Warning(
-                f"{where}: the Redis primary has {replicas} replica(s)"
+                f"{where}: {primary} has {replicas} replica(s)"
                 f"{' behind Sentinels' if sentinel else ''} and lease writes do not wait for "
                 "any (REDIS_WAIT_REPLICAS is 0). A failover may promote a replica that "
                 "missed a lease write (the lock-delay then covers it), but a primary split "
@@ -111,7 +124,7 @@ def check_replicas(conf: LeaderSettings, client: Any) -> list[CheckMessage]:
     if wait > replicas:
         return [
             Warning(
-                f"{where}: REDIS_WAIT_REPLICAS is {wait} but the Redis primary has "
+                f"{where}: REDIS_WAIT_REPLICAS is {wait} but {primary} has "
                 f"{replicas} replica(s) connected: every lease write fails until {wait} are.",
                 hint="Lower DJANGO_LEADER['REDIS_WAIT_REPLICAS'] or add replicas.",
                 id="django_leader.W021",

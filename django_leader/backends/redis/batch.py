@@ -20,21 +20,31 @@ class BatchRenewal(RedisStore):
         """:meth:`renew` each of ``leases``: one script per ``BATCH`` (2,500) leases (each
         lease renewed or refused on its own, exactly as by ``renew``), all sent in one
         pipeline: one round trip for any count (with ``WAIT`` at its end, if
-        ``REDIS_WAIT_REPLICAS`` asks for it)."""
+        ``REDIS_WAIT_REPLICAS`` asks for it). On a cluster, one script per hash slot, one
+        pipeline per master."""
         if not leases:
             return []
         keys = list(dict.fromkeys((lease.name, lease.holder, lease.token) for lease in leases))
-        chunks = [keys[start : start + BATCH] for start in range(0, len(keys), BATCH)]
-        terms, ms = self.terms_key(), to_ms(ttl)
+        # One script per BATCH leases that share a registry of terms: the store's on a
+        # single Redis; on a cluster, their slot's (a script runs on one slot).
+        by_terms: dict[str, list[tuple[str, str, int]]] = {}
+        for key in keys:
+            by_terms.setdefault(self.terms_key(key[0]), []).append(key)
+        chunks = [
+            (terms, group[start : start + BATCH])
+            for terms, group in by_terms.items()
+            for start in range(0, len(group), BATCH)
+        ]
+        ms = to_ms(ttl)
         calls = []
-        for chunk in chunks:
+        for terms, chunk in chunks:
             script_keys = [key for name, _, _ in chunk for key in self.keys(name)]
             args = [arg for name, holder, token in chunk for arg in (holder, token, name)]
             calls.append([len(script_keys) + 1, *script_keys, terms, ms, *args])
         replies = self.pipelined(self._renew_many, calls, durable=True)
         found = {
             key: reply
-            for chunk, chunk_replies in zip(chunks, replies, strict=True)
+            for (_, chunk), chunk_replies in zip(chunks, replies, strict=True)
             for key, reply in zip(chunk, chunk_replies, strict=True)
         }
         return [

@@ -19,6 +19,10 @@ def redis_client(cache: Any) -> Any:
     client: Any = None
     from django.core.cache.backends.redis import RedisCache
 
+    from django_leader.backends.redis.cluster import LazyCluster, RedisClusterCache
+
+    if isinstance(cache, RedisClusterCache):
+        return cache._cache.cluster
     try:
         if isinstance(cache, RedisCache):
             client = cache._cache.get_client(None, write=True)
@@ -26,10 +30,13 @@ def redis_client(cache: Any) -> Any:
             client = cache.client.get_client(write=True)
     except NotImplementedError:  # e.g. django-redis's ShardClient: no single server
         client = None
+    if isinstance(client, redis.cluster.RedisCluster):  # another package's cluster cache
+        return LazyCluster.like(client)
     if not isinstance(client, redis.Redis):
         raise ImproperlyConfigured(
             f"django_leader's Redis backend needs a Redis cache (django-redis or "
-            f"django.core.cache.backends.redis.RedisCache), got {type(cache).__module__}."
+            f"django.core.cache.backends.redis.RedisCache, or on a cluster "
+            f"django_leader.backends.redis.RedisClusterCache), got {type(cache).__module__}."
             f"{type(cache).__qualname__}: only Redis gives an atomic compare-and-set "
             "across processes"
         )
@@ -39,6 +46,8 @@ def redis_client(cache: Any) -> Any:
 def bounded(client: Any, timeout: float) -> Any:
     """A client on the same server whose every call is bounded by ``timeout`` seconds.
 
+    For a cluster (:class:`~django_leader.backends.redis.cluster.LazyCluster`), every call
+    to a node.
     For a plain connection pool, and for a Sentinel pool (django-redis's ``SentinelClient``):
     then the Sentinels are asked for the primary with the same bound, and every new
     connection goes to the primary they name (after a failover, the promoted replica).
@@ -49,6 +58,10 @@ def bounded(client: Any, timeout: float) -> Any:
     from redis.retry import Retry
     from redis.sentinel import Sentinel, SentinelConnectionPool
 
+    from django_leader.backends.redis.cluster import LazyCluster
+
+    if isinstance(client, LazyCluster):
+        return client.bounded(timeout)
     pool = client.connection_pool
     sentinel = type(pool) is SentinelConnectionPool
     if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool) and not sentinel:

@@ -7,7 +7,14 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from django_leader.backends.redis.store import NotConfirmed, RedisStore, text, to_ms, to_time
+from django_leader.backends.redis.store import (
+    NotConfirmed,
+    RedisStore,
+    errors,
+    text,
+    to_ms,
+    to_time,
+)
 from django_leader.backends.wakeups import channel
 from django_leader.conf import lock_delay
 from django_leader.exceptions import BackendUnavailable
@@ -31,7 +38,7 @@ class RedisLeases(RedisStore):
                 to_ms(ttl),
                 name,
                 to_ms(delay),
-                extra=(self.store_key(), self.terms_key()),
+                extra=(self.store_key(name), self.terms_key(name)),
                 durable=True,
             )
         except NotConfirmed as exc:
@@ -74,7 +81,7 @@ class RedisLeases(RedisStore):
             lease.token,
             to_ms(ttl),
             lease.name,
-            extra=(self.terms_key(),),
+            extra=(self.terms_key(lease.name),),
             durable=True,
         )
         return self._renewed(lease.name, reply)
@@ -88,7 +95,7 @@ class RedisLeases(RedisStore):
                 lease.token,
                 lease.name,
                 channel(self._channel_prefix, lease.name),
-                extra=(self.terms_key(),),
+                extra=(self.terms_key(lease.name),),
             )
         )
         if at:
@@ -112,8 +119,6 @@ class RedisLeases(RedisStore):
         return lease
 
     def names(self) -> list[str]:
-        import redis
-
         pattern = str(self.cache.make_key("django_leader:{*}:meta"))
         try:
             keys = list(self.client.scan_iter(match=pattern, count=500))
@@ -123,7 +128,7 @@ class RedisLeases(RedisStore):
                 for key in keys[start : start + 1000]:
                     pipe.hget(key, "name")
                 found.update(text(name) for name in pipe.execute() if name is not None)
-        except redis.RedisError as exc:
+        except errors() as exc:
             raise self.unavailable(exc) from exc
         return sorted(found)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django_leader.backends.base import Watch
-from django_leader.backends.redis.store import RedisStore
+from django_leader.backends.redis.store import RedisStore, errors
 from django_leader.backends.wakeups import WakeHub, channel
 
 #: Seconds of silence after which the connection is checked with a PING, and then the
@@ -81,9 +81,7 @@ class WakeUps(RedisStore):
         return hub.watch_lease(self._channel_prefix, name, identity, callback)
 
     def wake(self, name: str, identity: str | None = None) -> None:
-        import redis
-
         try:
             self.client.publish(channel(self._channel_prefix, name, identity), "")
-        except redis.RedisError as exc:
+        except errors() as exc:
             raise self.unavailable(exc) from exc

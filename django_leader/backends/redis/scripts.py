@@ -26,11 +26,15 @@ local fence = tonumber(store[3]) or 0
 local lost = false
 if not store[1] then
   -- The marker is gone: FLUSHDB/FLUSHALL, a restart without persistence, a deletion by
-  -- hand, or a store never used before. Without a flush since the server started, what
-  -- was lost was lost when it started; else at an unknown time, so count from now.
+  -- hand, a failover to a replica that never had it, or a store (on a cluster: a slot)
+  -- never used before. Without a flush since the server started, and on a server never
+  -- promoted from replica (no previous replication id), what was lost was lost when it
+  -- started; else at an unknown time, so count from now.
   local stats = redis.call('INFO', 'commandstats')
   local flushes = tonumber(string.match(stats, 'cmdstat_flushdb:calls=(%d+)') or '0')
                   + tonumber(string.match(stats, 'cmdstat_flushall:calls=(%d+)') or '0')
+  local replid2 = string.match(redis.call('INFO', 'replication'), 'master_replid2:(%w+)')
+  if replid2 and not string.match(replid2, '^0+$') then flushes = flushes + 1 end
   local since = now
   if flushes == 0 then
     since = now - tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) * 1000000

@@ -11,7 +11,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from django_leader.backends.redis.store import RedisStore
+from django_leader.backends.redis.store import RedisStore, errors
 from django_leader.backends.slots import Slot, SlotStore
 from django_leader.exceptions import LeadershipLost
 from django_leader.lease import Lease
@@ -52,11 +52,9 @@ class RedisSlots(SlotStore):
         return [lease_key, f"{base}:beat"]
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        import redis
-
         try:
             return fn(*args, **kwargs)
-        except redis.RedisError as exc:
+        except errors() as exc:
             raise self.backend.unavailable(exc) from exc
 
     def load(self, lease: Lease) -> dict[str, Slot]:

@@ -5,6 +5,7 @@ reply into a :class:`~django_leader.lease.Lease`."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -17,6 +18,7 @@ from django.core.cache import caches
 from django_leader.backends.base import Backend
 from django_leader.backends.history import HistoryWriter, WrittenAfterwards
 from django_leader.backends.redis.client import bounded, redis_client
+from django_leader.backends.redis.cluster import LazyCluster, slot_tag
 from django_leader.backends.redis.scripts import (
     ACQUIRE,
     ANNOUNCE,
@@ -34,6 +36,10 @@ from django_leader.exceptions import BackendUnavailable
 from django_leader.lease import Lease
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+#: A reply not yet received.
+_PENDING = object()
+#: Calls to send to one server: its client, the calls' indexes, whether ``ASKING`` first.
+Route = tuple[Any, list[int], bool]
 
 
 def to_time(value: Any) -> datetime:
@@ -66,6 +72,15 @@ def hash_tag(name: str) -> str:
     return name
 
 
+def errors() -> tuple[type[Exception], ...]:
+    """What redis-py raises for a store that cannot answer (a cluster's errors are not all
+    ``RedisError``)."""
+    import redis
+    from redis.exceptions import RedisClusterException
+
+    return (redis.RedisError, RedisClusterException)
+
+
 class NotConfirmed(BackendUnavailable):
     """A lease write that fewer replicas confirmed than ``REDIS_WAIT_REPLICAS`` asks for: it
     does not count. :attr:`replies` are the scripts' replies (what the primary did)."""
@@ -85,6 +100,8 @@ class RedisStore(WrittenAfterwards, Backend):
         self.cache = caches[self.alias]
         call_timeout = timeout or conf.timing.call_timeout
         self.client = bounded(redis_client(self.cache), call_timeout)
+        #: A Redis Cluster: the store marker and the terms are kept per hash slot.
+        self.cluster = isinstance(self.client, LazyCluster)
         #: Replicas that must confirm a lease write (``REDIS_WAIT_REPLICAS``), and how long
         #: ``WAIT`` may wait for them: half the call's bound, the rest for the round trip.
         self.wait_replicas = conf.redis_wait_replicas
@@ -110,13 +127,21 @@ class RedisStore(WrittenAfterwards, Backend):
         tag = hash_tag(name)
         return [str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}")) for part in parts]
 
-    def store_key(self) -> str:
-        """The store marker: which server process last wrote, and any lock-delay running."""
-        return str(self.cache.make_key("django_leader:store"))
+    def store_key(self, name: str) -> str:
+        """The store marker that ``name``'s acquisitions check: which server process last
+        wrote, and any lock-delay running. One per store; on a cluster, one per slot."""
+        return self._beside(name, "store")
 
-    def terms_key(self) -> str:
-        """A hash of every lease name to the end of its last term (server microseconds)."""
-        return str(self.cache.make_key("django_leader:terms"))
+    def terms_key(self, name: str) -> str:
+        """The hash of lease names to the end of their last term (server microseconds) that
+        holds ``name``'s: one per store; on a cluster, one per slot."""
+        return self._beside(name, "terms")
+
+    def _beside(self, name: str, part: str) -> str:
+        if not self.cluster:
+            return str(self.cache.make_key(f"django_leader:{part}"))
+        tag = slot_tag(self.keys(name)[0])
+        return str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}"))
 
     @property
     def _channel_prefix(self) -> str:
@@ -129,11 +154,9 @@ class RedisStore(WrittenAfterwards, Backend):
 
     def now(self) -> datetime:
         """The Redis server's clock (``TIME``)."""
-        import redis
-
         try:
             seconds, microseconds = self.client.time()
-        except redis.RedisError as exc:
+        except errors() as exc:
             raise self.unavailable(exc) from exc
         return datetime.fromtimestamp(int(seconds), dt_timezone.utc).replace(
             microsecond=int(microseconds)
@@ -151,57 +174,45 @@ class RedisStore(WrittenAfterwards, Backend):
         """``script`` on ``name``'s keys (``parts``) and ``extra``. A ``durable`` call (a
         lease write) counts only once ``REDIS_WAIT_REPLICAS`` replicas have it: else
         :class:`NotConfirmed`, which is a :class:`BackendUnavailable`."""
-        import redis
-
         keys = [*self.keys(name, parts), *extra]
         if durable:
             return self.pipelined(script, [[len(keys), *keys, *args]], durable=True)[0]
         try:
             return script(keys=keys, args=list(args))
-        except redis.RedisError as exc:
+        except errors() as exc:
             raise self.unavailable(exc) from exc
 
     def pipelined(self, script: Any, calls: list[list[Any]], *, durable: bool) -> list[Any]:
-        """``EVALSHA script`` with each of ``calls`` (numkeys, keys, args) in one pipeline,
-        one round trip: the replies in order. A ``durable`` pipeline ends with ``WAIT``: if
-        fewer than ``REDIS_WAIT_REPLICAS`` replicas confirm its writes within
-        :attr:`wait_ms`, :class:`NotConfirmed` carries the replies."""
-        import redis
-
-        replies: list[Any] = [None] * len(calls)
+        """``EVALSHA script`` with each of ``calls`` (numkeys, keys, args) in one pipeline per
+        server (one round trip on a single Redis; on a cluster, one per master concerned):
+        the replies in order. A ``durable`` pipeline ends with ``WAIT``: if fewer than
+        ``REDIS_WAIT_REPLICAS`` replicas confirm its writes within :attr:`wait_ms`,
+        :class:`NotConfirmed` carries the replies. A script the server does not know is
+        loaded and sent again; on a cluster, a call redirected (MOVED, or ASK while its slot
+        migrates: neither ran) is sent again where it was redirected to."""
+        replies: list[Any] = [_PENDING] * len(calls)
         confirmed: int | None = None
-        wait = durable and self.wait_replicas > 0
+        failures: tuple[type[Exception], ...] = (*errors(), ConnectionError)
         try:
-            pending = list(range(len(calls)))
-            for _ in range(2):  # once more after loading the script (NOSCRIPT)
-                pipe = self.client.pipeline(transaction=False)
-                for index in pending:
-                    pipe.evalsha(script.sha, *calls[index])
-                if wait:
-                    # WAIT covers the writes sent before it on the same connection: the
-                    # pipeline's. Each round's confirms its own writes.
-                    pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
-                results = pipe.execute(raise_on_error=False)
-                if wait:
-                    acked = results.pop()
-                    if isinstance(acked, Exception):
-                        raise acked
-                    confirmed = int(acked) if confirmed is None else min(confirmed, int(acked))
-                missing = []
-                for index, result in zip(pending, results, strict=True):
-                    if isinstance(result, redis.exceptions.NoScriptError):
-                        missing.append(index)
-                    elif isinstance(result, Exception):
-                        raise result
-                    else:
-                        replies[index] = result
-                if not missing:
+            routes = self._routes(list(range(len(calls))), calls)
+            for _ in range(3):  # once more after a NOSCRIPT, once more after a redirection
+                again: list[Route] = []
+                for route in routes:
+                    acked, redo = self._send(route, script, calls, replies, durable)
+                    if acked is not None:
+                        confirmed = acked if confirmed is None else min(confirmed, acked)
+                    again += redo
+                if not again:
                     break
-                script.sha = self.client.script_load(script.script)
-                pending = missing
+                routes = again
             else:
-                raise redis.exceptions.NoScriptError("the script was not loaded")
-        except redis.RedisError as exc:
+                raise ConnectionError("a call was redirected or refused its script too often")
+        except failures as exc:
+            if self.cluster:
+                # A master gone or failed over: learn the cluster's layout anew for the
+                # next call (redis-py does so for the calls it routes itself).
+                with contextlib.suppress(*errors()):
+                    self.client.nodes_manager.initialize()
             raise self.unavailable(exc) from exc
         if confirmed is not None and confirmed < self.wait_replicas:
             raise NotConfirmed(
@@ -211,6 +222,70 @@ class RedisStore(WrittenAfterwards, Backend):
                 replies,
             )
         return replies
+
+    def _routes(self, indexes: list[int], calls: list[list[Any]]) -> list[Route]:
+        """``calls`` (by index) grouped by the server that serves their first key's slot:
+        (the server's client, the indexes, whether to send ``ASKING`` first)."""
+        if not self.cluster:
+            return [(self.client, indexes, False)]
+        cluster = self.client.get()
+        found: dict[str, Route] = {}
+        for index in indexes:
+            node = cluster.get_node_from_key(calls[index][1])
+            found.setdefault(node.name, (cluster.get_redis_connection(node), [], False))
+            found[node.name][1].append(index)
+        return list(found.values())
+
+    def _send(
+        self, route: Route, script: Any, calls: list[list[Any]], replies: list[Any], durable: bool
+    ) -> tuple[int | None, list[Route]]:
+        """One pipeline to one server: the calls of ``route`` (their replies filled in),
+        then ``WAIT`` if ``durable`` (it covers the writes sent before it on the same
+        connection: this pipeline's). Returns the replicas ``WAIT`` counted (None without
+        it) and the routes of the calls to send again."""
+        from redis.exceptions import AskError, MovedError, NoScriptError
+
+        server, indexes, asking = route
+        wait = durable and self.wait_replicas > 0
+        pipe = server.pipeline(transaction=False)
+        for index in indexes:
+            if asking:
+                pipe.execute_command("ASKING")
+            pipe.evalsha(script.sha, *calls[index])
+        if wait:
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+        results = pipe.execute(raise_on_error=False)
+        acked = results.pop() if wait else None
+        if asking:
+            results = results[1::2]
+        unknown, moved, redo = [], [], []
+        for index, result in zip(indexes, results, strict=True):
+            if isinstance(result, NoScriptError):
+                unknown.append(index)
+            elif isinstance(result, MovedError):  # (a kind of AskError: test it first)
+                self.client.nodes_manager.move_slot(result)
+                moved.append(index)
+            elif isinstance(result, AskError):
+                target = self.client.get_node(host=result.host, port=result.port)
+                if target is None:
+                    raise result
+                redo.append((self.client.get_redis_connection(target), [index], True))
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                replies[index] = result
+        if unknown:
+            script.sha = server.script_load(script.script)
+            redo.append((server, unknown, asking))
+        if moved:
+            redo += self._routes(moved, calls)
+        if not any(replies[index] is not _PENDING for index in indexes):
+            # Nothing ran here (every call redirected, or its script unknown): no write
+            # for WAIT to count, and a master demoted to replica refuses WAIT anyway.
+            return None, redo
+        if isinstance(acked, Exception):
+            raise acked
+        return (None if acked is None else int(acked)), redo
 
     # -- replies --------------------------------------------------------------------------------
     def _lease(self, name: str, reply: Any) -> Lease | None:
