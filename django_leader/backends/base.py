@@ -29,7 +29,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..exceptions import NotSupportedError
@@ -195,6 +195,16 @@ class Backend(ABC):
     #: The database alias the history (``django_leader.models.LeaseEvent``) is written to,
     #: or None without history.
     history_database: str | None = None
+
+    def prune(self, unused_for: timedelta, *, batch: int = 500) -> int:
+        """Forget the names nobody has held for ``unused_for`` (by the store's clock: the
+        last term ended before then) and nobody campaigns for: their lease state in the
+        store, their candidates' records, their history (``manage.py leader prune``). No
+        name's fencing tokens go backwards (SPEC rule 3): a name taken again after it was
+        forgotten gets a token greater than any it had. Runs in batches of ``batch`` names
+        (a few statements or one pipeline each); returns how many names were forgotten.
+        Optional: the default keeps everything (0)."""
+        return 0
 
     def flush_history(self, timeout: float | None = None) -> bool:
         """Block until history events noticed so far are written; False on timeout.

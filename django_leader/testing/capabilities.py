@@ -18,7 +18,7 @@ from typing import Any
 
 from ..election import Candidate
 from ..exceptions import NotSupportedError
-from .lease_contract import LeaseContract, wait_until_expired
+from .lease_contract import ContractBase, LeaseContract, wait_until_expired
 
 
 class BatchRenewalContract(LeaseContract):
@@ -254,3 +254,46 @@ class WakeUpContract(LeaseContract):
             for watch in watches:
                 watch.close()
         assert not any(watch.live for watch in watches)
+
+
+class RetentionContract(ContractBase):
+    """``prune``: the names nobody has used for a while forgotten, their tokens never going
+    backwards. Not part of :class:`~django_leader.testing.contract.BackendContract`: it
+    forgets every unused name of the store, so give it a store (or a key prefix, a root)
+    of its own."""
+
+    def test_prune_forgets_unused_names_and_their_tokens_go_on(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """A released name and an expired one are forgotten once unused for longer than
+        asked; a held one is kept and still renews. Taken again, each forgotten name gets a
+        token greater than any it had. A store without retention forgets nothing (0)."""
+        released, expired, held = (f"{lease_name}-{kind}" for kind in ("rel", "exp", "held"))
+        first, _ = backend.acquire(released, "alice", 30)
+        assert first is not None and backend.release(first)
+        old, _ = backend.acquire(expired, "alice", self.ttl)
+        assert old is not None
+        wait_until_expired(backend, expired)
+        kept, _ = backend.acquire(held, "alice", 30)
+        assert kept is not None
+        time.sleep(1.0)  # both ended more than half a second ago, by any clock
+        forgotten = backend.prune(datetime.timedelta(seconds=0.5))
+        names = backend.names()
+        if forgotten == 0:  # a store that keeps everything
+            assert {released, expired, held} <= set(names)
+            return
+        assert forgotten >= 2
+        assert held in names and released not in names and expired not in names
+        assert backend.renew(kept, 30) is not None
+        for name, before in ((released, first), (expired, old)):
+            again, _ = backend.acquire(name, "bob", 30)
+            assert again is not None and again.token > before.token, (before, again)
+
+    def test_prune_keeps_what_was_used_recently(self, backend: Any, lease_name: str) -> None:
+        """A name released just now is not forgotten by a prune asking for an hour."""
+        lease, _ = backend.acquire(lease_name, "alice", 30)
+        assert lease is not None and backend.release(lease)
+        backend.prune(datetime.timedelta(hours=1))
+        assert lease_name in backend.names()
+        again, _ = backend.acquire(lease_name, "bob", 30)
+        assert again is not None and again.token > lease.token

@@ -33,6 +33,8 @@ what every store must do, and one class per optional capability
 (``django_leader.testing.capabilities``: batch renewal, the candidate registry,
 hand-over, wake-ups), each of which a store without it passes by declining as the contract
 says. ``BackendContract`` is all of them; a store may also run only some.
+``RetentionContract`` (``prune``) stands apart: it forgets every unused name of the
+store, so run it on a store of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .capabilities import (
     BatchRenewalContract,
     HandoverContract,
     RegistryContract,
+    RetentionContract,
     WakeUpContract,
 )
 from .lease_contract import LeaseContract, wait_until_expired
@@ -53,6 +56,7 @@ __all__ = [
     "HandoverContract",
     "LeaseContract",
     "RegistryContract",
+    "RetentionContract",
     "WakeUpContract",
     "wait_until_expired",
 ]

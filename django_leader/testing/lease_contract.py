@@ -48,10 +48,9 @@ def wait_until_expired(backend: Backend, name: str, timeout: float = 10.0) -> No
         time.sleep(0.05)
 
 
-class LeaseContract:
-    """The tests of the lease operations every store must pass, with the fixtures and
-    hooks every part of the contract uses (:meth:`make_backend`, :meth:`forget`,
-    :meth:`history_of`)."""
+class ContractBase:
+    """What every part of the contract needs: the backend under test
+    (:meth:`make_backend`), a lease name of each test's own, the short ttl."""
 
     #: The short lease time (seconds) of the expiry tests.
     ttl = 1.0
@@ -59,16 +58,6 @@ class LeaseContract:
     def make_backend(self) -> Backend:
         """A new instance of the backend under test."""
         raise NotImplementedError("implement make_backend() in your subclass")
-
-    def forget(self, backend: Backend, name: str) -> None:
-        """Make the store lose all it knows of ``name`` (optional, see the module)."""
-        raise NotImplementedError
-
-    def history_of(self, backend: Backend, name: str) -> list[Event] | None:
-        """The history events of ``name``, oldest first; None if the store keeps none."""
-        if backend.history_database is None:
-            return None
-        return history(backend, name)
 
     @pytest.fixture
     def backend(self) -> Iterator[Backend]:
@@ -81,6 +70,21 @@ class LeaseContract:
     @pytest.fixture
     def lease_name(self) -> str:
         return f"contract-{uuid.uuid4().hex[:12]}"
+
+
+class LeaseContract(ContractBase):
+    """The tests of the lease operations every store must pass, with the hooks every part
+    of the contract uses (:meth:`forget`, :meth:`history_of`)."""
+
+    def forget(self, backend: Backend, name: str) -> None:
+        """Make the store lose all it knows of ``name`` (optional, see the module)."""
+        raise NotImplementedError
+
+    def history_of(self, backend: Backend, name: str) -> list[Event] | None:
+        """The history events of ``name``, oldest first; None if the store keeps none."""
+        if backend.history_database is None:
+            return None
+        return history(backend, name)
 
     def test_acquire_free_lease(self, backend: Any, lease_name: str) -> None:
         lease, current = backend.acquire(lease_name, "alice", self.ttl)

@@ -22,7 +22,7 @@ from django.test import override_settings
 
 from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
-from django_leader.testing.contract import BackendContract
+from django_leader.testing.contract import BackendContract, RetentionContract
 from tests.support.redis_cluster import ClusterTopology, unavailable
 from tests.support.stores import REQUIRE_SERVICES, answered, stores_db, wipe
 from tests.support.waiting import wait_until
@@ -71,9 +71,9 @@ def uptime(cluster: ClusterTopology) -> int:
     return min(int(node.client().info("server")["uptime_in_seconds"]) for node in cluster.nodes)
 
 
-class TestTheContractOnACluster(BackendContract):
-    """The lease contract every store passes (django_leader.testing.contract), on a
-    cluster: each test's name lands on whichever master serves its slot."""
+class TestTheContractOnACluster(BackendContract, RetentionContract):
+    """The lease contract every store passes (django_leader.testing.contract), and
+    retention, on a cluster: each test's name lands on whichever master serves its slot."""
 
     @pytest.fixture
     def backend(self, settings: Any, shared_cluster: ClusterTopology) -> Iterator[Any]:

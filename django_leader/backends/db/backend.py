@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,7 +31,7 @@ from ...election import Candidate
 from ...exceptions import BackendUnavailable
 from ...lease import Lease
 from ..base import Backend, Watch
-from . import batch, leases, registry
+from . import batch, leases, registry, retention
 from .connection import PrivateConnection, pooled
 from .dialect import StoreNow, aware
 from .dialects import dialect_for
@@ -184,6 +184,12 @@ class DatabaseBackend(Backend):
 
     def renew(self, lease: Lease, ttl: float) -> Lease | None:
         return leases.renew(self._tables, lease, ttl)
+
+    def prune(self, unused_for: timedelta, *, batch: int = 500) -> int:
+        """Delete the rows of the names unused for ``unused_for``, with their history and
+        candidacies, ``batch`` names per transaction; the ``LeaseStore`` floor keeps their
+        tokens from going backwards (see :mod:`.retention`)."""
+        return retention.prune(self._tables, unused_for, batch)
 
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
         """:meth:`renew` each of ``leases`` in one statement (PostgreSQL, any count) or one

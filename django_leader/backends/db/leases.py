@@ -13,7 +13,7 @@ from typing import Any
 from ...conf import lock_delay
 from ...lease import EventKind, Lease
 from ..wakeups import channel
-from . import failover
+from . import failover, retention
 from .dialect import aware
 from .tables import COLUMNS, LeaseTables
 
@@ -121,12 +121,15 @@ def _create(
     d = tables.dialect
     now, expiry, ttl_param = d.now(), d.expiry(), d.ttl_param(ttl)
     lease: Lease | None = None
-    least = 0  # the floor of the tokens after a failover (see failover.py)
+    # The floor of the tokens: after a failover (see failover.py), or above the names
+    # forgotten by retention (retention.py).
     if d.server_identity is not None:
         found = failover.check_server(tables, cursor, ttl)
         if found is None:
             return None, None  # a lock-delay runs: nobody may take any lease yet
         least = found
+    else:
+        least = retention.floor(tables, cursor)
     # (See "When the store forgets" in docs/safety.md.)
     top, released = 0, False
     if tables.history:

@@ -24,7 +24,7 @@ class SQLiteDialect(Dialect):
         return f"strftime({self._FORMAT}, 'now', %s)"
 
     def ttl_param(self, ttl: float) -> Any:
-        return f"+{ttl:.3f} seconds"
+        return f"{ttl:+.3f} seconds"  # signed: a negative one is a time before now
 
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         return f"INSERT OR IGNORE INTO {table} ({columns}) VALUES ({values})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import timedelta
 
 from django_leader.backends.redis.store import (
     NotConfirmed,
@@ -131,6 +132,23 @@ class RedisLeases(RedisStore):
         except errors() as exc:
             raise self.unavailable(exc) from exc
         return sorted(found)
+
+    def prune(self, unused_for: timedelta, *, batch: int = 500) -> int:
+        """Forget the names unused for ``unused_for`` by the server's clock: their meta
+        hash, candidates, beat slot records and entry in the terms, each by a script that
+        checks again that nobody holds it (:data:`~.scripts.PRUNE`), ``batch`` names per
+        pipeline."""
+        cutoff = round((self.now() - unused_for).timestamp() * 1_000_000)
+        forgotten, names = 0, self.names()
+        parts = ("lease", "meta", "candidates", "cinfo", "cseq", "beat")
+        for start in range(0, len(names), batch):
+            calls = []
+            for name in names[start : start + batch]:
+                keys = [*self.keys(name, parts), self.terms_key(name)]
+                calls.append([len(keys), *keys, cutoff, name])
+            replies = self.pipelined(self._prune, calls, durable=False)
+            forgotten += sum(int(reply) for reply in replies)
+        return forgotten
 
     def request_handover(
         self, name: str, to: str, window: float, *, actor: str = "", detail: str = ""

@@ -306,3 +306,20 @@ end
 return found
 """
 )
+
+# Retention (RedisBackend.prune). KEYS: lease, meta, candidates, cinfo, cseq, beat, terms.
+# ARGV: the cutoff (server microseconds), name. Forgets a name nobody holds, whose last term
+# and hand-over gate ended before the cutoff and with no candidacy since: 1 if forgotten.
+# Its tokens cannot go backwards: taken again, it continues from the server clock, beyond
+# every token it had (see ACQUIRE).
+PRUNE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local meta = redis.call('HMGET', KEYS[2], 'expires', 'handover_until')
+local cutoff = tonumber(ARGV[1])
+if not meta[1] or tonumber(meta[1]) >= cutoff then return 0 end
+if tonumber(meta[2] or '0') >= cutoff then return 0 end
+if redis.call('ZCOUNT', KEYS[3], ARGV[1], '+inf') > 0 then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('HDEL', KEYS[7], ARGV[2])
+return 1
+"""

@@ -25,6 +25,7 @@ from django_leader.backends.redis.scripts import (
     CANDIDATES,
     FORCE_RELEASE,
     HANDOVER,
+    PRUNE,
     READ,
     RELEASE,
     RENEW,
@@ -117,6 +118,7 @@ class RedisStore(WrittenAfterwards, Backend):
         self._announce = self.client.register_script(ANNOUNCE)
         self._candidates = self.client.register_script(CANDIDATES)
         self._handover = self.client.register_script(HANDOVER)
+        self._prune = self.client.register_script(PRUNE)
         self._hub: WakeHub | None = None
         self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
 

@@ -18,6 +18,7 @@ from ..base import Watch
 from .candidates import Candidacies
 from .layout import to_ms, to_time
 from .renewal import BatchRenewal
+from .retention import Retention
 from .slots import ZooKeeperSlots
 from .watches import Hub
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from ...conf import LeaderSettings
 
 
-class ZooKeeperBackend(Candidacies, BatchRenewal):
+class ZooKeeperBackend(Candidacies, BatchRenewal, Retention):
     """Leases in the ZooKeeper ensemble of ``DJANGO_LEADER["ZOOKEEPER"]``."""
 
     # -- wake-ups and hand-over -------------------------------------------------------------

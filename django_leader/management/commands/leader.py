@@ -8,7 +8,7 @@
                                          the holder steps down at its next renewal and
                                          only IDENTITY (default: the next in line) may
                                          take the lease (recorded in the history)
-    leader prune [--days N]              delete history older than N days
+    leader prune [--days N]              forget names unused and history older than N days
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 nobody holds NAME (``status NAME``, ``release NAME``,
 ``handover NAME``), 4 ``handover --wait``: the candidate did not take the lease in time.
@@ -153,7 +153,9 @@ class Command(BaseCommand):
             help="wait until the candidate holds the lease (exit 4 if it does not in time)",
         )
         handover.add_argument("--json", action="store_true")
-        prune = sub.add_parser("prune", help="delete history older than --days")
+        prune = sub.add_parser(
+            "prune", help="forget the names unused for --days, and older history"
+        )
         prune.add_argument("--days", type=int, default=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -396,15 +398,23 @@ class Command(BaseCommand):
         days = conf.history_retention if options["days"] is None else options["days"]
         if days < 0:
             raise CommandError("--days must be 0 or more", returncode=2)
-        database = get_backend().history_database or conf.database
+        backend = get_backend()
+        # The names nobody used for as long: their state in the store (and, on a
+        # database, their rows and history), without lowering any name's tokens.
+        forgotten = backend.prune(timedelta(days=days), batch=PRUNE_BATCH)
+        self.stdout.write(f"forgot {forgotten} names unused for {days} days")
+        database = backend.history_database or conf.database
         events = LeaseEvent.objects.using(database)
-        # Keep the event with the greatest token of every name (the latest of those): the
-        # database backend continues fencing tokens from it should a lease row ever be
-        # lost. An old event goes when its name has a greater (token, id).
-        above = events.filter(name=OuterRef("name")).filter(
-            Q(token__gt=OuterRef("token")) | Q(token=OuterRef("token"), id__gt=OuterRef("id"))
-        )
-        old = events.filter(at__lt=Now() - timedelta(days=days)).filter(Exists(above))
+        old = events.filter(at__lt=Now() - timedelta(days=days))
+        if backend.rows_database is not None:
+            # Keep the event with the greatest token of every name (the latest of those):
+            # the database backend continues fencing tokens from it should a lease row ever
+            # be lost. An old event goes when its name has a greater (token, id). (Other
+            # stores continue tokens from their own clock.)
+            above = events.filter(name=OuterRef("name")).filter(
+                Q(token__gt=OuterRef("token")) | Q(token=OuterRef("token"), id__gt=OuterRef("id"))
+            )
+            old = old.filter(Exists(above))
         # In batches: two statements each, however many names, and never more parameters
         # than a batch (SQLite and the drivers have limits).
         deleted = 0
