@@ -467,6 +467,9 @@ Not part of `make bench` (run them with `.venv-bench/bin/python bench/<script>.p
   and `SIGSTOP` of the sending beat ([Celery](celery.md)).
 - `bench/admin_changelist.py` — the admin's history list with 1,000,000 events
   ([admin](admin.md)).
+- `bench/churn.py` — a churn of 100,000 lease names through `lock()`, then `leader
+  prune`: what each store keeps before and after, and the metrics exposition's size
+  ([commands](commands.md#what-a-churn-of-names-leaves)).
 - `bench/ops.py` and `bench/failover.py` — the first, simpler versions of the `ops` and
   `failover` parts.
 """

@@ -114,14 +114,27 @@ def first_grant(store: Any, name: str, holder: str, ttl: float = TTL) -> tuple[A
     return wait_until(attempt, timeout=WAIT, message=f"{holder} never got {name}")
 
 
+def url_cache(topology: SentinelTopology) -> dict[str, Any]:
+    """The package's own cache behind the Sentinels, from one ``redis+sentinel://`` URL
+    (for projects without django-redis)."""
+    sentinels = ",".join(f"{host}:{port}" for host, port in topology.sentinel_addresses)
+    return {
+        "BACKEND": "django_leader.backends.redis.RedisSentinelCache",
+        "LOCATION": f"redis+sentinel://{sentinels}/{topology.service}/0",
+        "OPTIONS": {"socket_timeout": 1.0},
+    }
+
+
+@pytest.mark.parametrize("cache", [sentinel_cache, url_cache], ids=["django-redis", "url"])
 def test_a_killed_primary_hands_the_lease_on_only_after_the_holders_deadline(
-    topology: SentinelTopology, configure: Any
+    topology: SentinelTopology, configure: Any, cache: Any
 ) -> None:
     """The primary dies; the Sentinels promote a replica. The new primary is another
     server process: the backend takes that for a possible loss of state, and nobody gets
     the lease before every holder of the old primary has stepped down; the token is
-    greater than any the old primary issued."""
-    configure({"sentinel": sentinel_cache(topology)}, wait=1)
+    greater than any the old primary issued. Through django-redis's Sentinel client, and
+    through a ``redis+sentinel://`` URL."""
+    configure({"sentinel": cache(topology)}, wait=1)
     store, name = backend("sentinel"), f"failover-{uuid.uuid4().hex[:8]}"
     held, sent = first_grant(store, name, "alice")
     believed_until = sent + TTL  # alice's local deadline is earlier still (rule 2)

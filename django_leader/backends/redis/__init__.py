@@ -59,17 +59,19 @@ backwards across the restart or failover (by more than the time the restart took
 therefore look like ``1763784000123457`` rather than ``1``; only their order matters.
 
 The package, one concern a module, lower first: cluster.py (the cache, client and per-slot
-keys of a Redis Cluster), client.py (the redis-py client behind the cache, bounded in time),
-scripts.py (the Lua script of each operation), store.py (what the others share: the
-client, the scripts registered, key names, calls routed to their server, reply decoding),
-leases.py (acquire, renew, release, read, hand-over), batch.py (many renewals in one round
-trip), registry.py (candidates), listen.py (wake-ups over pub/sub), slots.py (the beat's
-slot records), backend.py (:class:`RedisBackend`, made of them).
+keys of a Redis Cluster), sentinel.py (a cache behind Sentinels from one URL), client.py
+(the redis-py client behind the cache, bounded in time), scripts.py (the Lua script of
+each operation), store.py (what the others share: the client, the scripts registered, key
+names, calls routed to their server, reply decoding), leases.py (acquire, renew, release,
+read, hand-over, retention), batch.py (many renewals in one round trip), registry.py
+(candidates), listen.py (wake-ups over pub/sub), slots.py (the beat's slot records),
+backend.py (:class:`RedisBackend`, made of them).
 """
 
 from django_leader.backends.redis.backend import RedisBackend
 from django_leader.backends.redis.batch import BATCH
 from django_leader.backends.redis.client import redis_client
 from django_leader.backends.redis.cluster import RedisClusterCache
+from django_leader.backends.redis.sentinel import RedisSentinelCache
 
-__all__ = ["BATCH", "RedisBackend", "RedisClusterCache", "redis_client"]
+__all__ = ["BATCH", "RedisBackend", "RedisClusterCache", "RedisSentinelCache", "redis_client"]
