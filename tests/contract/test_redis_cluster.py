@@ -24,7 +24,9 @@ from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
 from django_leader.testing.contract import BackendContract, RetentionContract
 from tests.support.redis_cluster import ClusterTopology, unavailable
-from tests.support.stores import REQUIRE_SERVICES, answered, stores_db, wipe
+from tests.support.redis_topology import first_grant as grant
+from tests.support.redis_topology import handed_on, running
+from tests.support.stores import answered, stores_db, wipe
 from tests.support.waiting import wait_until
 
 #: A group of their own: beside the other replicated stores' (one topology at a time
@@ -36,17 +38,7 @@ WAIT = 30.0
 
 
 def started(workdir: Path) -> Iterator[ClusterTopology]:
-    reason = unavailable()
-    if reason is not None:
-        if REQUIRE_SERVICES:
-            pytest.fail(f"required service missing: {reason}")
-        pytest.skip(reason)
-    found = ClusterTopology(workdir)
-    try:
-        found.start()
-        yield found
-    finally:
-        found.stop()
+    yield from running(ClusterTopology(workdir), unavailable())
 
 
 @pytest.fixture
@@ -127,15 +119,7 @@ def backend() -> Any:
 
 
 def first_grant(store: Any, name: str, holder: str, ttl: float = TTL) -> tuple[Any, float]:
-    """``name`` acquired by ``holder`` as soon as the store lets anyone (a cluster just
-    started keeps its lock-delay): the lease, and when its acquisition was sent."""
-
-    def attempt() -> tuple[Any, float] | None:
-        sent = time.monotonic()
-        lease, _ = store.acquire(name, holder, ttl)
-        return None if lease is None else (lease, sent)
-
-    return wait_until(attempt, timeout=WAIT, message=f"{holder} never got {name}")
+    return grant(store, name, holder, ttl)
 
 
 def names_on_every_master(cluster: ClusterTopology, store: Any, per_master: int) -> list[str]:
@@ -226,14 +210,7 @@ def test_a_killed_master_hands_the_lease_on_only_after_the_holders_deadline(
     # its replica): with REDIS_WAIT_REPLICAS 1 no lease write counts before.
     cluster.restart(old)
 
-    def granted() -> Any:
-        lease, current = answered(store.acquire, name, "bob", TTL, timeout=WAIT)
-        assert lease is not None or current is None or current.holder == "alice", current
-        return lease
-
-    taken = wait_until(granted, timeout=WAIT, message="bob never got the lease")
-    assert time.monotonic() >= believed_until
-    assert taken.token > held.token
+    handed_on(store, name, held, believed_until, TTL)
     other, _ = answered(store.acquire, elsewhere, "carol", TTL, timeout=WAIT)
     assert other is not None, "a lease on a master that did not fail over was delayed"
 
@@ -304,10 +281,7 @@ def test_a_replica_that_missed_the_last_grant_is_promoted_after_the_lock_delay(
     cluster.await_promoted(master, store.keys(name)[0])
     assert answered(store.read, name, timeout=WAIT) is None  # the grant was lost
 
-    taken = wait_until(lambda: answered(store.acquire, name, "bob", TTL, timeout=WAIT)[0],
-                       timeout=WAIT, message="bob never got the lease")  # fmt: skip
-    assert time.monotonic() >= sent + TTL
-    assert taken.token > held.token
+    handed_on(store, name, held, sent + TTL, TTL)
 
 
 def test_check_warns_where_a_failover_could_lose_a_lease(

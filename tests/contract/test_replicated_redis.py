@@ -22,8 +22,9 @@ from django.test import override_settings
 
 from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
-from tests.support.redis_topology import SentinelTopology, unavailable
-from tests.support.stores import REQUIRE_SERVICES, answered, stores_db
+from tests.support.redis_topology import SentinelTopology, handed_on, running, unavailable
+from tests.support.redis_topology import first_grant as grant
+from tests.support.stores import answered, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
@@ -38,17 +39,7 @@ SPLIT_TTL = 8.0
 @pytest.fixture
 def topology(tmp_path: Path) -> Iterator[SentinelTopology]:
     pytest.importorskip("django_redis")
-    reason = unavailable()
-    if reason is not None:
-        if REQUIRE_SERVICES:
-            pytest.fail(f"required service missing: {reason}")
-        pytest.skip(reason)
-    found = SentinelTopology(tmp_path)
-    try:
-        found.start()
-        yield found
-    finally:
-        found.stop()
+    yield from running(SentinelTopology(tmp_path), unavailable())
 
 
 def sentinel_cache(topology: SentinelTopology) -> dict[str, Any]:
@@ -103,15 +94,7 @@ def backend(alias: str) -> Any:
 
 
 def first_grant(store: Any, name: str, holder: str, ttl: float = TTL) -> tuple[Any, float]:
-    """``name`` acquired by ``holder`` as soon as the store lets anyone (a Redis just
-    started keeps its lock-delay too): the lease, and when its acquisition was sent."""
-
-    def attempt() -> tuple[Any, float] | None:
-        sent = time.monotonic()
-        lease, _ = store.acquire(name, holder, ttl)
-        return None if lease is None else (lease, sent)
-
-    return wait_until(attempt, timeout=WAIT, message=f"{holder} never got {name}")
+    return grant(store, name, holder, ttl)
 
 
 def url_cache(topology: SentinelTopology) -> dict[str, Any]:
@@ -140,15 +123,7 @@ def test_a_killed_primary_hands_the_lease_on_only_after_the_holders_deadline(
     believed_until = sent + TTL  # alice's local deadline is earlier still (rule 2)
 
     topology.kill_primary()
-
-    def granted() -> Any:
-        lease, current = answered(store.acquire, name, "bob", TTL, timeout=WAIT)
-        assert lease is not None or current is None or current.holder == "alice", current
-        return lease
-
-    taken = wait_until(granted, timeout=WAIT, message="bob never got the lease")
-    assert time.monotonic() >= believed_until
-    assert taken.token > held.token
+    handed_on(store, name, held, believed_until, TTL)
 
 
 def _split_brain(topology: SentinelTopology, configure: Any, wait: int) -> dict[str, Any]:
@@ -309,7 +284,4 @@ def test_a_failover_before_the_store_marker_reached_a_replica_starts_the_lock_de
     topology.await_failover(primary.port)
     assert answered(store.read, name, timeout=WAIT) is None  # the grant was lost
 
-    taken = wait_until(lambda: answered(store.acquire, name, "bob", TTL, timeout=WAIT)[0],
-                       timeout=WAIT, message="bob never got the lease")  # fmt: skip
-    assert time.monotonic() >= sent + TTL
-    assert taken.token > held.token
+    handed_on(store, name, held, sent + TTL, TTL)

@@ -35,11 +35,7 @@ def unavailable() -> str | None:
 
 
 def _node_args(node: Node) -> list[str]:
-    port = node.port
-    # The cluster bus on a port of its own (by default port + 10000, which may be taken or
-    # past 65535 for a free port).
-    bus = getattr(node, "bus_port", None) or free_port()
-    node.bus_port = bus  # type: ignore[attr-defined]
+    port, bus = node.port, node.bus_port  # type: ignore[attr-defined]
     return ["--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--protected-mode", "no",
             "--cluster-enabled", "yes",
@@ -59,6 +55,14 @@ class ClusterTopology:
         self.workdir = workdir
         self.nodes = [Node(workdir, "cluster", []) for _ in range(masters * (1 + replicas))]
         self.replicas = replicas
+        # Each node's cluster bus on a port of its own (by default port + 10000, which may
+        # be taken, or past 65535), none of them another node's port.
+        taken = {node.port for node in self.nodes}
+        for node in self.nodes:
+            while (bus := free_port()) in taken:
+                continue
+            taken.add(bus)
+            node.bus_port = bus  # type: ignore[attr-defined]
 
     # -- life ---------------------------------------------------------------------------------
     def start(self) -> None:

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +252,52 @@ class SentinelTopology:
     def resume_sentinels(self) -> None:
         for sentinel in self.sentinels:
             sentinel.signal(signal.SIGCONT)
+
+
+def running(topology: Any, reason: str | None) -> Iterator[Any]:
+    """``topology`` started, for a fixture to yield, and stopped after; the test skipped
+    (in CI: failed) with ``reason`` instead when it cannot run here."""
+    import pytest
+
+    from tests.support.stores import REQUIRE_SERVICES
+
+    if reason is not None:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"required service missing: {reason}")
+        pytest.skip(reason)
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()
+
+
+def first_grant(store: Any, name: str, holder: str, ttl: float) -> tuple[Any, float]:
+    """``name`` acquired by ``holder`` as soon as the store lets anyone (a Redis just
+    started keeps its lock-delay): the lease, and when its acquisition was sent."""
+    from tests.support.waiting import wait_until
+
+    def attempt() -> tuple[Any, float] | None:
+        sent = time.monotonic()
+        lease, _ = store.acquire(name, holder, ttl)
+        return None if lease is None else (lease, sent)
+
+    return wait_until(attempt, timeout=TIMEOUT, message=f"{holder} never got {name}")
+
+
+def handed_on(store: Any, name: str, held: Any, believed_until: float, ttl: float) -> Any:
+    """bob's lease of ``name`` after a failover, taken as soon as the store lets him (while
+    waiting, only ``held``'s holder may show as holding it), checked to come after that
+    holder's deadline (``believed_until``, ``time.monotonic()``) with a greater token."""
+    from tests.support.stores import answered
+    from tests.support.waiting import wait_until
+
+    def granted() -> Any:
+        lease, current = answered(store.acquire, name, "bob", ttl, timeout=TIMEOUT)
+        assert lease is not None or current is None or current.holder == held.holder, current
+        return lease
+
+    taken = wait_until(granted, timeout=TIMEOUT, message="bob never got the lease")
+    assert time.monotonic() >= believed_until, "bob got the lease before its holder's deadline"
+    assert taken.token > held.token, (held, taken)
+    return taken
