@@ -136,7 +136,8 @@ chaos: venv
 # faults, DURATION_FAILOVERS seconds each (420: 30 or more failovers per store); reports in
 # docs/chaos/. CHAOS_SENTINEL_WAIT=0 (CHAOS_CLUSTER_WAIT=0) runs the Sentinel (Cluster)
 # candidates without REDIS_WAIT_REPLICAS.
-FAILOVER_STORES ?= redis-sentinel redis-cluster postgresql-standby postgresql-sync
+FAILOVER_STORES ?= redis-sentinel redis-cluster postgresql-standby postgresql-sync \
+	postgresql-pgbouncer
 DURATION_FAILOVERS ?= 420
 chaos-failovers: venv
 	@status=0; for store in $(FAILOVER_STORES); do \

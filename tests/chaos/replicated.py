@@ -12,6 +12,11 @@
   killed (then back as its replica), frozen until its replica took over and thawed, failed
   over by hand (``CLUSTER FAILOVER``), and killed after its replica was frozen and cut off
   (the worst case).
+* ``postgresql-pgbouncer``: ``postgresql-sync`` behind a PgBouncer in transaction pooling
+  (tests/support/pgbouncer.py), which the candidates reach instead of the servers. Faults:
+  the failover above, after which the pooler is pointed at the new primary (its
+  configuration reloaded, as a failover tool does), and the pooler itself killed
+  (SIGKILL) and started again.
 * ``postgresql-standby`` / ``postgresql-sync``: a primary and a streaming standby,
   asynchronous or synchronous (tests/support/pg_topology.py); the candidates reach them
   with libpq multi-host (``target_session_attrs=read-write``). Faults: the primary killed
@@ -230,8 +235,12 @@ class StandbyStore(Store):
             raise ValueError(kind)
         t.kill_primary()
         t.promote()
+        self.promoted()
         t.rebuild_old_primary()
         return Injected(start, clock(), lossy=True, detail=f"primary now {t.primary.port}")
+
+    def promoted(self) -> None:
+        """Called once the standby is promoted, before the old primary is rebuilt."""
 
     def rows(self) -> list[dict[str, Any]]:
         with self.topology.primary.connect(self.topology.database) as db:
@@ -248,3 +257,46 @@ class SyncStandbyStore(StandbyStore):
     name = "postgresql-sync"
     synchronous = True
     loses_writes = False
+
+
+class PooledStore(SyncStandbyStore):
+    name = "postgresql-pgbouncer"
+    faults = ("pg-failover", "pgbouncer-crash")
+
+    def __init__(self, workdir: Path, ttl: float) -> None:
+        super().__init__(workdir, ttl)
+        self.bouncer: Any = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        from tests.support.pgbouncer import unavailable
+
+        return super().unavailable() or unavailable()
+
+    def start(self) -> None:
+        from tests.support.pgbouncer import PgBouncer
+
+        super().start()
+        self.bouncer = PgBouncer("127.0.0.1", self.topology.primary.port)
+        self.bouncer.start()
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "CHAOS_PG_BOUNCER": str(self.bouncer.port)}
+
+    def inject(self, kind: str, rng: Random) -> Injected:
+        if kind == "pgbouncer-crash":
+            start = clock()
+            self.bouncer.crash()
+            time.sleep(rng.uniform(0.1, 0.5) * self.ttl)
+            self.bouncer.start()
+            return Injected(start, clock(), lossy=False, detail="pooler restarted")
+        return super().inject(kind, rng)
+
+    def promoted(self) -> None:
+        # What a failover tool does next: the pooler pointed at the new primary.
+        self.bouncer.retarget("127.0.0.1", self.topology.standby.port)
+
+    def stop(self) -> None:
+        if self.bouncer is not None:
+            self.bouncer.stop()
+        super().stop()

@@ -3,7 +3,8 @@
 (``CHAOS_SENTINELS``, ``CHAOS_SENTINEL_SERVICE``, ``CHAOS_REDIS_WAIT``), a Redis Cluster
 (``CHAOS_CLUSTER``: its nodes, and ``CHAOS_REDIS_WAIT``), or PostgreSQL by
 libpq multi-host over the run's primary and standby (``CHAOS_PG_PORTS``,
-``CHAOS_PG_DATABASE``), whichever the environment gives.
+``CHAOS_PG_DATABASE``), or through the run's PgBouncer (``CHAOS_PG_BOUNCER``), whichever
+the environment gives.
 """
 
 from __future__ import annotations
@@ -51,3 +52,9 @@ if os.environ.get("CHAOS_PG_PORTS"):
         "PASSWORD": "",
         "OPTIONS": {"target_session_attrs": "read-write", "connect_timeout": 2},
     }
+
+if os.environ.get("CHAOS_PG_BOUNCER"):
+    # Through the run's PgBouncer (transaction pooling), which points at the primary.
+    DATABASES["default"].update(
+        HOST="127.0.0.1", PORT=os.environ["CHAOS_PG_BOUNCER"], OPTIONS={"connect_timeout": 2}
+    )

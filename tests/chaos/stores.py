@@ -673,6 +673,7 @@ STORES: dict[str, type[Store]] = {
 # The replicated stores build on Store (so they come after it).
 from tests.chaos.replicated import (  # noqa: E402
     ClusterStore,
+    PooledStore,
     SentinelStore,
     StandbyStore,
     SyncStandbyStore,
@@ -684,5 +685,6 @@ STORES.update(
         "redis-cluster": ClusterStore,
         "postgresql-standby": StandbyStore,
         "postgresql-sync": SyncStandbyStore,
+        "postgresql-pgbouncer": PooledStore,
     }
 )

@@ -60,12 +60,14 @@ def test_no_violation_under_faults(store: str) -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize("store", ["redis-sentinel", "redis-cluster", "postgresql-standby"])
+@pytest.mark.parametrize(
+    "store", ["redis-sentinel", "redis-cluster", "postgresql-standby", "postgresql-pgbouncer"]
+)
 def test_no_violation_under_failovers(store: str) -> None:
     """A replicated store (tests/chaos/replicated.py) failed over again and again: the
     primary killed, frozen, switched over, or killed just after replication stalled. The
     long runs are ``make chaos-failovers`` (redis-sentinel, redis-cluster,
-    postgresql-standby, postgresql-sync)."""
+    postgresql-standby, postgresql-sync, postgresql-pgbouncer)."""
     reason = STORES[store].unavailable()
     if reason is not None:
         if REQUIRE_SERVICES:

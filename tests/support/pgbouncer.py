@@ -31,6 +31,14 @@ class PgBouncer:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="pgbouncer-"))
         (self.dir / "users.txt").write_text('"postgres" ""\n')
+        self._write(host, port)
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("postgres")
+            for path in (self.dir, *self.dir.iterdir()):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _write(self, host: str, port: int) -> None:
         (self.dir / "pgbouncer.ini").write_text(
             "[databases]\n"
             f"* = host={host} port={port}\n"
@@ -39,13 +47,27 @@ class PgBouncer:
             f"auth_type = trust\nauth_file = {self.dir}/users.txt\n"
             "pool_mode = transaction\nunix_socket_dir =\n"
             "ignore_startup_parameters = extra_float_digits\n"
+            # After a failed login (a primary just killed) the pooler waits this long
+            # before it tries the server again: 15 s by default, 15 s without a leader.
+            "server_login_retry = 1\n"
             f"logfile = {self.dir}/pgbouncer.log\npidfile = {self.dir}/pgbouncer.pid\n"
         )
-        if os.geteuid() == 0:
-            entry = pwd.getpwnam("postgres")
-            for path in (self.dir, *self.dir.iterdir()):
-                os.chown(path, entry.pw_uid, entry.pw_gid)
-        self.proc: subprocess.Popen[bytes] | None = None
+
+    def retarget(self, host: str, port: int) -> None:
+        """Forward to ``host``:``port`` from now on (what a failover tool does after a
+        promotion): the configuration rewritten and reloaded (SIGHUP)."""
+        self._write(host, port)
+        os.kill(self.pid(), signal.SIGHUP)
+
+    def pid(self) -> int:
+        return int((self.dir / "pgbouncer.pid").read_text())
+
+    def crash(self) -> None:
+        """SIGKILL: every client connection dropped at once."""
+        os.kill(self.pid(), signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(10)
+        (self.dir / "pgbouncer.pid").unlink(missing_ok=True)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
