@@ -86,6 +86,7 @@ nitpick_ignore = [
     ("py:class", "django_leader.backends.redis.listen.WakeUps"),
     ("py:class", "django_leader.backends.zookeeper.candidates.Candidacies"),
     ("py:class", "django_leader.backends.zookeeper.renewal.BatchRenewal"),
+    ("py:class", "django_leader.backends.zookeeper.retention.Retention"),
     ("py:class", "Backend"),  # a forward reference in django_leader.backends.resolve
     # The history mixin of the Redis and ZooKeeper backends (internal), and the contract's
     # ``record`` that their inherited acquire() docstring names (defined by that mixin).

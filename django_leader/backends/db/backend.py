@@ -188,7 +188,7 @@ class DatabaseBackend(Backend):
     def prune(self, unused_for: timedelta, *, batch: int = 500) -> int:
         """Delete the rows of the names unused for ``unused_for``, with their history and
         candidacies, ``batch`` names per transaction; the ``LeaseStore`` floor keeps their
-        tokens from going backwards (see :mod:`.retention`)."""
+        tokens from going backwards (see ``django_leader.backends.db.retention``)."""
         return retention.prune(self._tables, unused_for, batch)
 
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[Lease | None]:
