@@ -25,6 +25,8 @@ logger = logging.getLogger("django_leader")
 
 #: Seconds spent at interpreter exit writing events still queued.
 EXIT_FLUSH_TIMEOUT = 2.0
+#: Seconds between two warnings of history events dropped (the queue was full).
+DROP_LOG_INTERVAL = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class HistoryWriter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._drops, self._drop_logged = 0, -DROP_LOG_INTERVAL  # events dropped, last logged
         _writers.add(self)
 
     def record(
@@ -55,11 +58,24 @@ class HistoryWriter:
         try:
             self._queue.put_nowait(Event(kind, lease, at, detail, actor))
         except queue.Full:
-            logger.warning(
-                "history queue full, dropping %s event of %r (history is best effort)",
-                kind,
-                lease.name,
-            )
+            self._dropped(kind, lease.name)
+
+    def _dropped(self, kind: str, name: str) -> None:
+        """Log a dropped event: the first at once, then at most one line every
+        :data:`DROP_LOG_INTERVAL` seconds, counting the drops in between (a burst of
+        thousands of leases a second would otherwise write a warning each)."""
+        with self._lock:
+            self._drops += 1
+            now = time.monotonic()
+            if now - self._drop_logged < DROP_LOG_INTERVAL:
+                return
+            drops, self._drops, self._drop_logged = self._drops, 0, now
+        logger.warning(
+            "history queue full, dropping %s event of %r%s (history is best effort)",
+            kind,
+            name,
+            f" and {drops - 1} more since the last such warning" if drops > 1 else "",
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued event was written (or dropped); False on timeout."""
