@@ -136,6 +136,12 @@ def main() -> int:
             after = state(backend, run)
             print(f"{store:<11} {args.names:>8} {args.names / seconds:>9.0f} {before:>12}"
                   f" {after:>12} {pruned:>8.1f} {exposition():>14}", flush=True)  # fmt: skip
+            if store == "zookeeper":  # the run's own root, on the machine's ZooKeeper
+                backend.client.delete(backend.root, recursive=True)
+            elif store == "redis":  # what is left under the run's own prefix
+                pattern = str(backend.cache.make_key("django_leader:*"))
+                for key in list(backend.client.scan_iter(match=pattern, count=5000)):
+                    backend.client.delete(key)
             backend.shutdown()
     return 0
 
