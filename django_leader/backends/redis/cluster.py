@@ -112,16 +112,6 @@ class LazyCluster:
         return cls(nodes, **cleanup_kwargs(**client.nodes_manager.connection_kwargs))
 
 
-def _addresses(servers: list[str]) -> list[tuple[str, int]]:
-    from urllib.parse import urlsplit
-
-    found = []
-    for server in servers:
-        parts = urlsplit(server if "//" in server else f"redis://{server}")
-        found.append((parts.hostname or "127.0.0.1", parts.port or 6379))
-    return found
-
-
 class ClusterCacheClient(RedisCacheClient):
     """Django's Redis cache client, on a cluster: one ``RedisCluster`` for reads and
     writes; the calls over many keys split by slot."""
@@ -130,14 +120,16 @@ class ClusterCacheClient(RedisCacheClient):
         super().__init__(servers, serializer=serializer)
         from urllib.parse import urlsplit
 
-        first = urlsplit(servers[0] if "//" in servers[0] else f"redis://{servers[0]}")
-        if first.scheme == "rediss":
+        nodes = [urlsplit(server if "//" in server else f"redis://{server}") for server in servers]
+        # The first node's URL gives the credentials and TLS, unless OPTIONS does.
+        if nodes[0].scheme == "rediss":
             options.setdefault("ssl", True)
-        if first.password:
-            options.setdefault("password", first.password)
-        if first.username:
-            options.setdefault("username", first.username)
-        self.cluster = LazyCluster(_addresses(servers), **options)
+        if nodes[0].password:
+            options.setdefault("password", nodes[0].password)
+        if nodes[0].username:
+            options.setdefault("username", nodes[0].username)
+        addresses = [(node.hostname or "127.0.0.1", node.port or 6379) for node in nodes]
+        self.cluster = LazyCluster(addresses, **options)
 
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
         return self.cluster.get()

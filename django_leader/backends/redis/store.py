@@ -103,6 +103,10 @@ class RedisStore(WrittenAfterwards, Backend):
         self.client = bounded(redis_client(self.cache), call_timeout)
         #: A Redis Cluster: the store marker and the terms are kept per hash slot.
         self.cluster = isinstance(self.client, LazyCluster)
+        #: On a single Redis, the store-wide keys (:meth:`store_key`, :meth:`terms_key`).
+        self._store_wide = {
+            part: str(self.cache.make_key(f"django_leader:{part}")) for part in ("store", "terms")
+        }
         #: Replicas that must confirm a lease write (``REDIS_WAIT_REPLICAS``), and how long
         #: ``WAIT`` may wait for them: half the call's bound, the rest for the round trip.
         self.wait_replicas = conf.redis_wait_replicas
@@ -141,7 +145,7 @@ class RedisStore(WrittenAfterwards, Backend):
 
     def _beside(self, name: str, part: str) -> str:
         if not self.cluster:
-            return str(self.cache.make_key(f"django_leader:{part}"))
+            return self._store_wide[part]
         tag = slot_tag(self.keys(name)[0])
         return str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}"))
 
@@ -192,9 +196,10 @@ class RedisStore(WrittenAfterwards, Backend):
         :class:`NotConfirmed` carries the replies. A script the server does not know is
         loaded and sent again; on a cluster, a call redirected (MOVED, or ASK while its slot
         migrates: neither ran) is sent again where it was redirected to."""
+        from redis.exceptions import RedisError
+
         replies: list[Any] = [_PENDING] * len(calls)
         confirmed: int | None = None
-        failures: tuple[type[Exception], ...] = (*errors(), ConnectionError)
         try:
             routes = self._routes(list(range(len(calls))), calls)
             for _ in range(3):  # once more after a NOSCRIPT, once more after a redirection
@@ -208,8 +213,8 @@ class RedisStore(WrittenAfterwards, Backend):
                     break
                 routes = again
             else:
-                raise ConnectionError("a call was redirected or refused its script too often")
-        except failures as exc:
+                raise RedisError("a call was redirected or refused its script too often")
+        except errors() as exc:
             if self.cluster:
                 # A master gone or failed over: learn the cluster's layout anew for the
                 # next call (redis-py does so for the calls it routes itself).

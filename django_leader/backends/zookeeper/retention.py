@@ -51,7 +51,7 @@ class Retention(Leases):
     @staticmethod
     def _unused(found: tuple[dict[str, Any], Any], cutoff: int) -> bool:
         record, stat = found
-        ends = [int(record.get(key) or 0) for key in ("fence", "handover_until", "expires")]
+        ends = [int(record.get(key) or 0) for key in ("fence", "handover_until")]
         return int(stat.mtime) < cutoff and max(ends) < cutoff
 
     def _forget(self, path: str, under: set[str], version: int, cutoff: int) -> bool:
