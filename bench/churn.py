@@ -49,31 +49,6 @@ def configure(store: str, run: str) -> tuple[Any, dict[str, Any]]:
     return conf, caches
 
 
-def state(backend: Any, run: str) -> int:
-    """What the store keeps of this run (see the module docstring)."""
-    from django_leader.backends.db import DatabaseBackend
-    from django_leader.backends.redis import RedisBackend
-
-    if isinstance(backend, DatabaseBackend):
-        from django_leader.models import Lease, LeaseCandidate, LeaseEvent
-
-        mine = {"name__startswith": f"churn-{run}-"}
-        return sum(
-            model.objects.using(backend.alias).filter(**mine).count()
-            for model in (Lease, LeaseEvent, LeaseCandidate)
-        )
-    if isinstance(backend, RedisBackend):
-        pattern = str(backend.cache.make_key("django_leader:*"))
-        return sum(1 for _ in backend.client.scan_iter(match=pattern, count=5000))
-    found, pending = 0, [backend.root]
-    while pending:
-        path = pending.pop()
-        children = backend.client.get_children(path)
-        found += len(children)
-        pending += [f"{path}/{child}" for child in children]
-    return found
-
-
 def churn(run: str, names: int, threads: int) -> float:
     """Seconds to take and release ``names`` names with ``lock()`` from ``threads``
     threads."""
@@ -115,6 +90,7 @@ def main() -> int:
 
     from django_leader import metrics
     from django_leader.backends import get_backend
+    from tests.support.stores import kept
 
     metrics.install()
     print(f"{'store':<11} {'names':>8} {'lock()/s':>9} {'kept before':>12} {'after prune':>12}"
@@ -128,12 +104,12 @@ def main() -> int:
                 backend.initialize()  # a root of its own, never used: no lock-delay
             seconds = churn(run, args.names, args.threads)
             backend.flush_history(60)
-            before = state(backend, run)
+            before = kept(backend, f"churn-{run}-")
             began = time.perf_counter()
             out = StringIO()
             call_command("leader", "prune", "--days", "0", stdout=out)
             pruned = time.perf_counter() - began
-            after = state(backend, run)
+            after = kept(backend, f"churn-{run}-")
             print(f"{store:<11} {args.names:>8} {args.names / seconds:>9.0f} {before:>12}"
                   f" {after:>12} {pruned:>8.1f} {exposition():>14}", flush=True)  # fmt: skip
             if store == "zookeeper":  # the run's own root, on the machine's ZooKeeper

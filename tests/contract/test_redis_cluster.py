@@ -25,7 +25,7 @@ from django_leader.checks import check_replication
 from django_leader.testing.contract import BackendContract, RetentionContract
 from tests.support.redis_cluster import ClusterTopology, unavailable
 from tests.support.redis_topology import first_grant as grant
-from tests.support.redis_topology import handed_on, running
+from tests.support.redis_topology import given_back_while_frozen, handed_on, running
 from tests.support.stores import answered, stores_db, wipe
 from tests.support.waiting import wait_until
 
@@ -247,15 +247,7 @@ def test_an_acquisition_the_replica_does_not_confirm_is_given_back(
     lease = store.read(name)
     assert lease is not None and store.release(lease)
     replica = cluster.replica_of(cluster.master_of(store.keys(name)[0]))
-    cluster.freeze(replica)
-    try:
-        with pytest.raises(BackendUnavailable, match="reached 0 of the 1 replicas"):
-            store.acquire(name, "alice", TTL)
-        assert store.read(name) is None
-    finally:
-        cluster.thaw(replica)
-    taken = wait_until(lambda: store.acquire(name, "alice", TTL)[0], timeout=WAIT)
-    assert taken.holder == "alice"
+    given_back_while_frozen(cluster, [replica], store, name, TTL)
 
 
 def test_a_replica_that_missed_the_last_grant_is_promoted_after_the_lock_delay(

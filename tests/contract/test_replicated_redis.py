@@ -22,7 +22,13 @@ from django.test import override_settings
 
 from django_leader import BackendUnavailable
 from django_leader.checks import check_replication
-from tests.support.redis_topology import SentinelTopology, handed_on, running, unavailable
+from tests.support.redis_topology import (
+    SentinelTopology,
+    given_back_while_frozen,
+    handed_on,
+    running,
+    unavailable,
+)
 from tests.support.redis_topology import first_grant as grant
 from tests.support.stores import answered, stores_db
 from tests.support.waiting import wait_until
@@ -201,17 +207,7 @@ def test_an_acquisition_the_replicas_do_not_confirm_is_given_back(
     store, name = backend("sentinel"), f"unconfirmed-{uuid.uuid4().hex[:8]}"
     first_grant(store, f"{name}-warm", "alice")  # past the new store's lock-delay
     replicas = [node for node in topology.nodes if node.port != topology.primary_port()]
-    for node in replicas:
-        topology.freeze(node)
-    try:
-        with pytest.raises(BackendUnavailable, match="reached 0 of the 1 replicas"):
-            store.acquire(name, "alice", TTL)
-        assert store.read(name) is None
-    finally:
-        for node in replicas:
-            topology.thaw(node)
-    lease = wait_until(lambda: store.acquire(name, "alice", TTL)[0], timeout=WAIT)
-    assert lease.holder == "alice"
+    given_back_while_frozen(topology, replicas, store, name, TTL)
 
 
 def test_renewals_and_batches_wait_for_the_replicas(

@@ -21,6 +21,7 @@ from django_leader.testing.contract import RetentionContract
 from tests.support.stores import (
     DATABASE_STORES,
     forget_zookeeper_root,
+    kept,
     require,
     require_zookeeper,
     stores_db,
@@ -83,29 +84,6 @@ class TestRetention(RetentionContract):
         return own_store
 
 
-def state(store: Any) -> int:
-    """How much the store keeps: database rows, Redis keys under its prefix, znodes under
-    its root (the lease state, candidates and history included for a database)."""
-    from django_leader.backends.db import DatabaseBackend
-    from django_leader.backends.redis import RedisBackend
-
-    if isinstance(store, DatabaseBackend):
-        from django_leader.models import Lease, LeaseCandidate, LeaseEvent
-
-        db = store.alias
-        return sum(m.objects.using(db).count() for m in (Lease, LeaseEvent, LeaseCandidate))
-    if isinstance(store, RedisBackend):
-        pattern = str(store.cache.make_key("django_leader:*"))
-        return len(list(store.client.scan_iter(match=pattern, count=1000)))
-    found, pending = 0, [f"{store.root}/names"]
-    while pending:
-        path = pending.pop()
-        children = store.client.get_children(path)
-        found += len(children)
-        pending += [f"{path}/{child}" for child in children]
-    return found
-
-
 def test_leader_prune_leaves_the_state_of_live_names_only(own_store: Any) -> None:
     """200 names taken and released, one held: after ``leader prune --days 0`` the store
     keeps about what it keeps for the held one, whatever the churn was; the held name's
@@ -114,19 +92,19 @@ def test_leader_prune_leaves_the_state_of_live_names_only(own_store: Any) -> Non
     store, run = own_store, uuid.uuid4().hex[:8]
     held, _ = store.acquire(f"live-{run}", "alice", 60)
     assert held is not None
-    baseline = state(store)
+    baseline = kept(store)
     tokens = []
     for index in range(200):
         lease, _ = store.acquire(f"churn-{run}-{index}", "alice", 60)
         assert lease is not None and store.release(lease)
         tokens.append(lease.token)
     store.flush_history(10)
-    assert state(store) >= baseline + 200
+    assert kept(store) >= baseline + 200
 
     out = StringIO()
     call_command("leader", "prune", "--days", "0", stdout=out)
     assert "forgot 200 names unused for 0 days" in out.getvalue()
-    assert state(store) <= baseline + 1, out.getvalue()  # a store marker or floor row
+    assert kept(store) <= baseline + 1, out.getvalue()  # a store marker or floor row
     assert store.names() == [f"live-{run}"]
     assert store.renew(held, 60) is not None
     again, _ = store.acquire(f"churn-{run}-7", "bob", 60)

@@ -301,3 +301,28 @@ def handed_on(store: Any, name: str, held: Any, believed_until: float, ttl: floa
     assert time.monotonic() >= believed_until, "bob got the lease before its holder's deadline"
     assert taken.token > held.token, (held, taken)
     return taken
+
+
+def given_back_while_frozen(
+    topology: Any, nodes: list[Any], store: Any, name: str, ttl: float
+) -> None:
+    """With ``nodes`` (the replicas that could confirm ``name``'s writes) frozen, the
+    primary grants ``name`` to alice but ``WAIT`` times out: the acquisition fails with a
+    clear error and the lease is released at once, not left to keep others out. Once
+    thawed, alice gets it."""
+    import pytest
+
+    from django_leader import BackendUnavailable
+    from tests.support.waiting import wait_until
+
+    for node in nodes:
+        topology.freeze(node)
+    try:
+        with pytest.raises(BackendUnavailable, match="reached 0 of the 1 replicas"):
+            store.acquire(name, "alice", ttl)
+        assert store.read(name) is None
+    finally:
+        for node in nodes:
+            topology.thaw(node)
+    lease = wait_until(lambda: store.acquire(name, "alice", ttl)[0], timeout=TIMEOUT)
+    assert lease.holder == "alice"

@@ -253,3 +253,30 @@ def allow_database(monkeypatch: pytest.MonkeyPatch, alias: str) -> None:
     for case in [c.cell_contents for c in cells if isinstance(c.cell_contents, type)]:
         known: Any = getattr(case, "databases", ())
         monkeypatch.setattr(case, "databases", frozenset(known) | {alias})
+
+
+def kept(store: Any, prefix: str = "") -> int:
+    """How much ``store`` keeps: rows of the lease, history and candidate tables whose name
+    starts with ``prefix`` (a database), keys under the cache's prefix (Redis), znodes
+    under the store's root (ZooKeeper). For retention's tests and bench/churn.py."""
+    from django_leader.backends.db import DatabaseBackend
+    from django_leader.backends.redis import RedisBackend
+
+    if isinstance(store, DatabaseBackend):
+        from django_leader.models import Lease, LeaseCandidate, LeaseEvent
+
+        mine = {"name__startswith": prefix}
+        return sum(
+            model.objects.using(store.alias).filter(**mine).count()
+            for model in (Lease, LeaseEvent, LeaseCandidate)
+        )
+    if isinstance(store, RedisBackend):
+        pattern = str(store.cache.make_key("django_leader:*"))
+        return sum(1 for _ in store.client.scan_iter(match=pattern, count=5000))
+    found, pending = 0, [store.root]
+    while pending:
+        path = pending.pop()
+        children = store.client.get_children(path)
+        found += len(children)
+        pending += [f"{path}/{child}" for child in children]
+    return found
