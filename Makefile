@@ -3,12 +3,14 @@
 #   make venv    .venv with the package (editable) and the dev tools
 #   make test    the test suite against SQLite, and PostgreSQL / MariaDB when reachable
 #   make chaos-short  the short seeded chaos runs (CI runs them after make test)
+#   make newcomer     the docs followed in a fresh virtualenv (CI runs them too)
+#   make topologies   only the failovers of replicated stores the tests start (in make test)
 #   make lint    ruff (rules and format), mypy (package and tests), makemigrations --check
 #   make docs    the Sphinx documentation in docs/_build/html (warnings are errors)
 #   make dist    the sdist and the wheel in dist/, checked with twine check --strict
 #   make demo    election, crash, takeover and shutdown of three processes (SQLite only)
 #   make chaos   the fault-injection suite, a long seeded run per store, report in docs/chaos/
-#   make compat  the core tests on Django 4.2 (Python 3.10) and Django 6 (Python 3.12+),
+#   make compat  the core tests on Django 4.2 (Python 3.10), 5.2 (3.12) and 6 (3.13),
 #                each in a venv of its own, where those interpreters exist
 #   make bench   the benchmarks of bench/ against the peers, written to docs/benchmarks.md
 #                with plots (about 12 minutes, in .venv-bench); not in CI
@@ -33,19 +35,21 @@ STAMP := $(VENV)/.installed
 MYSQLCLIENT_LOG := $(VENV)/mysqlclient-install.log
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test chaos-short lint docs dist demo chaos chaos-failovers compat compat-one bench clean distclean
+.PHONY: help venv test chaos-short newcomer topologies lint docs dist demo chaos chaos-failovers compat compat-one bench clean distclean
 
 help:
 	@echo "make venv       create .venv and install django-leader[dev] (editable)"
 	@echo "make test       run the test suite (PYTEST_ARGS=... passes options to pytest)"
 	@echo "make chaos-short  the short seeded chaos runs of CI (tests marked chaos, about 6 min)"
+	@echo "make newcomer   the docs followed in a fresh venv (tests marked newcomer, about 3 min)"
+	@echo "make topologies only make test's failovers of the replicated stores it starts (about 2 min)"
 	@echo "make lint       ruff check and format, mypy, makemigrations --check"
 	@echo "make docs       build the documentation into docs/_build/html (warnings are errors)"
 	@echo "make dist       build the sdist and the wheel into dist/ and check them with twine"
 	@echo "make demo       leader election demo with three processes (SQLite, no services)"
 	@echo "make chaos      fault injection per store (STORES=..., DURATION=600, SEED=1); report in docs/chaos/"
 	@echo "make chaos-failovers  the replicated stores, failovers only (DURATION_FAILOVERS=420)"
-	@echo "make compat     core tests on Django 4.2 / Python 3.10 and Django 6 / Python 3.12+"
+	@echo "make compat     core tests on Django 4.2 / Python 3.10, 5.2 / 3.12, 6 / 3.13"
 	@echo "make bench      benchmarks and docs/benchmarks.md (BENCH=\"ops failover celery load scale\", BENCH_ARGS=...), ~12 min"
 	@echo "make clean      remove caches, build output and .demo/"
 	@echo "make distclean  clean, and remove .venv too"
@@ -76,17 +80,33 @@ COVERAGE ?=
 COVERAGE_ARGS := $(if $(COVERAGE),--cov=django_leader --cov-branch --cov-report=term-missing:skip-covered)
 
 # TEST_WORKERS: pytest-xdist processes (0: one process). Most tests wait on leases, stores
-# and child processes rather than compute (the suite keeps two cores about 40 % busy), so
-# four workers on two cores finish sooner; tests that must not overlap share one worker
-# (xdist_group, --dist loadgroup). Each worker has its own test databases and Redis
-# databases (testproject/services.py).
-TEST_WORKERS ?= 4
+# and child processes rather than compute (with six workers the suite keeps two cores
+# about 60 % busy), so six workers on two cores finish sooner: 792 s with the seeded
+# failover runs, where five took 797 s without them (28 Nov 2026; earlier, 558 s with
+# five against 642 s with four); tests that must not overlap share one worker
+# (xdist_group, --dist loadgroup).
+# Each worker has its own test databases and Redis databases (testproject/services.py).
+TEST_WORKERS ?= 6
 
 # The seeded chaos runs (marked chaos: eight runs of 30-40 s, one after the other, for
 # their liveness bound wants the cores) are left out: make chaos-short runs them, and CI
-# runs both.
+# runs both. So are the tests marked newcomer (make newcomer, below).
 test: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not chaos" $(COVERAGE_ARGS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not chaos and not newcomer" $(COVERAGE_ARGS) $(PYTEST_ARGS)
+
+# The pages followed as a newcomer would (tests/processes/test_tutorial.py, marked newcomer):
+# the distributions built and checked, a fresh virtualenv from the package index, new
+# projects, the tutorial, the how-tos and the README's Quickstart. Apart from make test
+# (which they took past 15 minutes on two cores: building and installing compete with the
+# suite for the cores); CI runs both. About 3 minutes.
+newcomer: venv
+	$(BIN)/python -m pytest -n 3 --dist loadgroup -m newcomer tests/processes/test_tutorial.py $(PYTEST_ARGS)
+
+# Only the tests of make test that start replicated or clustered stores of their own and
+# fail them over (marked topology): PostgreSQL standbys (async, sync, behind PgBouncer),
+# Redis Sentinel and Cluster, ZooKeeper ensembles and their restores. About 2 minutes.
+topologies: venv
+	$(BIN)/python -m pytest -n 3 --dist loadgroup -m topology tests/contract tests/processes $(PYTEST_ARGS)
 
 chaos-short: venv
 	$(BIN)/python -m pytest -m chaos tests/processes/test_chaos.py $(PYTEST_ARGS)
@@ -119,10 +139,15 @@ docs: venv
 # python -m build makes the sdist, then the wheel from the sdist (so a file missing from the
 # sdist is missing from the wheel too); twine checks their metadata and that the README
 # renders. tests/processes/test_tutorial.py builds them the same way and installs the wheel.
-dist: venv
+# In a virtualenv of its own with build and twine only: a wheel needs none of the dev
+# toolchain (pytest, mypy, sphinx, playwright) that make venv installs.
+DIST_VENV := .venv-dist
+dist:
+	test -x $(DIST_VENV)/bin/python || $(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip install --quiet --upgrade pip build twine
 	rm -rf dist
-	$(BIN)/python -m build --outdir dist .
-	$(BIN)/twine check --strict dist/*
+	$(DIST_VENV)/bin/python -m build --outdir dist .
+	$(DIST_VENV)/bin/twine check --strict dist/*
 
 # One seeded run per store against a private instance of it; each writes
 # docs/chaos/<store>.md, .json and .png. Every store runs even if an earlier one failed.
@@ -147,31 +172,42 @@ chaos-failovers: venv
 
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health
 # and metrics, asyncio), on the interpreters pyenv or the system provides; a missing one is skipped.
+# APScheduler, huey and RQ: their oldest supported releases (3.9, 2.5, 2.7) beside Django
+# 4.2, their newest beside the others (APS, HUEY, RQ).
 COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py tests/unit/test_conf.py \
-	tests/components/test_lock.py tests/components/test_observability.py tests/components/test_async.py
+	tests/components/test_lock.py tests/components/test_observability.py tests/components/test_async.py \
+	tests/components/test_apscheduler.py tests/components/test_huey.py tests/components/test_rq.py
 COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
 	prometheus-client kazoo
+APS ?= APScheduler>=3.9,<4
+HUEY ?= huey>=2.5
+RQ ?= rq>=2.7
 # pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.
 PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python) $(shell command -v python3.10))
-PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.1[23]*/bin/python) $(shell command -v python3.12 python3.13))
+PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) $(shell command -v python3.12))
+PY313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) $(shell command -v python3.13))
 
-# The two run side by side (one per core), each logging to a file shown when both ended.
+# Every Python the classifiers name runs somewhere: 3.11 in make test, 3.10 with Django
+# 4.2, 3.12 with Django 5.2, 3.13 with Django 6. The three run side by side, each logging
+# to a file shown when all ended.
 compat:
 	@$(MAKE) --no-print-directory compat-one PY="$(PY310)" DJANGO="Django>=4.2,<5" \
-		NAME=django42 >.compat-django42.log 2>&1 & first=$$!; \
-	$(MAKE) --no-print-directory compat-one PY="$(PY312)" DJANGO="Django>=6.0,<7" \
-		NAME=django6 >.compat-django6.log 2>&1 & second=$$!; \
-	status=0; wait $$first || status=1; wait $$second || status=1; \
-	cat .compat-django42.log .compat-django6.log; exit $$status
+		APS="APScheduler==3.9.1.post1" HUEY="huey==2.5.0" RQ="rq==2.7.0" NAME=django42 >.compat-django42.log 2>&1 & first=$$!; \
+	$(MAKE) --no-print-directory compat-one PY="$(PY312)" DJANGO="Django>=5.2,<6" \
+		NAME=django52 >.compat-django52.log 2>&1 & second=$$!; \
+	$(MAKE) --no-print-directory compat-one PY="$(PY313)" DJANGO="Django>=6.0,<7" \
+		NAME=django6 >.compat-django6.log 2>&1 & third=$$!; \
+	status=0; wait $$first || status=1; wait $$second || status=1; wait $$third || status=1; \
+	cat .compat-django42.log .compat-django52.log .compat-django6.log; exit $$status
 
 compat-one:
 	@if [ -z "$(PY)" ]; then echo "compat $(NAME): no suitable Python here, skipped"; exit 0; fi; \
 	set -e; \
 	test -x .venv-$(NAME)/bin/python || $(PY) -m venv .venv-$(NAME); \
 	.venv-$(NAME)/bin/python -m pip install --quiet --upgrade pip; \
-	.venv-$(NAME)/bin/python -m pip install --quiet -e . "$(DJANGO)" $(COMPAT_DEPS); \
+	.venv-$(NAME)/bin/python -m pip install --quiet -e . "$(DJANGO)" "$(APS)" "$(HUEY)" "$(RQ)" $(COMPAT_DEPS); \
 	.venv-$(NAME)/bin/python -m pip install --quiet mysqlclient || true; \
-	echo "compat $(NAME): $$(.venv-$(NAME)/bin/python -c 'import sys, django; print("Python", sys.version.split()[0], "Django", django.get_version())')"; \
+	echo "compat $(NAME): $$(.venv-$(NAME)/bin/python -c 'import sys, django, apscheduler, huey, rq; print("Python", sys.version.split()[0], "Django", django.get_version(), "APScheduler", apscheduler.__version__, "huey", huey.__version__, "RQ", rq.__version__)')"; \
 	.venv-$(NAME)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 demo: venv
@@ -209,4 +245,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) .venv-django42 .venv-django6 $(BENCH_VENV)
+	rm -rf $(VENV) .venv-django42 .venv-django52 .venv-django6 $(DIST_VENV) $(BENCH_VENV)

@@ -99,6 +99,8 @@ class Store:
         self.raw_renew: Callable[[], Any] | None = None
         self.ping: Callable[[], Any] | None = None
         self.raw_what = ""
+        #: The store's acquire and release statements replayed with the driver alone.
+        self.raw_lock: Callable[[], Any] | None = None
         self.closers: list[Callable[[], Any]] = []
 
     def prepare(self) -> None:
@@ -109,6 +111,20 @@ class Store:
         with captured_sql() as sql, captured_evalsha() as scripts:
             assert backend.renew(self.held, TTL) is not None
         self.build_raw(sql, scripts)
+        free = f"{self.name}-raw"
+        lease, _ = backend.acquire(free, "bench", TTL)  # the name exists: as cycle()'s does
+        assert lease is not None and backend.release(lease)
+        with captured_sql() as sql:
+            lease, _ = backend.acquire(free, "bench", TTL)
+            assert lease is not None
+            taken = len(sql)
+            assert backend.release(lease)
+        self.build_raw_lock(sql[:taken], sql[taken:], lease.token)
+
+    def build_raw_lock(
+        self, acquire: list[tuple[str, Any]], release: list[tuple[str, Any]], token: int
+    ) -> None:
+        """What ``acquire`` and ``release`` sent (``token``: the lease's), to replay."""
 
     def build_raw(self, sql: list[tuple[str, Any]], scripts: list[tuple[Any, ...]]) -> None:
         raise NotImplementedError
@@ -161,6 +177,7 @@ class DatabaseStore(Store):
             self.raw_renew = raw
             self.ping = lambda: cursor.execute("SELECT 1").fetchall()
             self.raw_what = "psycopg: the renewal's UPDATE … RETURNING, autocommit"
+            self.cursor = cursor
         elif self.label == "mariadb":
             import MySQLdb
 
@@ -198,6 +215,30 @@ class DatabaseStore(Store):
             self.ping = lambda: conn.execute("SELECT 1").fetchall()
             self.raw_what = "none (in-process library: no round trip to compare with)"
 
+    def build_raw_lock(
+        self, acquire: list[tuple[str, Any]], release: list[tuple[str, Any]], token: int
+    ) -> None:
+        """PostgreSQL: the acquisition's statement (it returns the new token) and the
+        release's with that token, replayed with psycopg alone, each in autocommit (each is
+        one statement, with its history row)."""
+        if self.label != "postgresql":
+            return
+        cursor = self.cursor
+        [(take, take_args)] = acquire
+        [(give, give_args)] = release
+        at = [i for i, arg in enumerate(give_args) if arg == token]
+
+        def raw() -> None:
+            cursor.execute(take, take_args)
+            new = cursor.fetchone()[3]  # the lease's columns: name, holder, previous, token
+            args = list(give_args)
+            for i in at:
+                args[i] = new
+            cursor.execute(give, args)
+            assert cursor.fetchall()
+
+        self.raw_lock = raw
+
     def cycle(self) -> tuple[list[float], list[float], list[float], list[float]]:
         return cycle(self.backend, self.name, self.held)
 
@@ -234,7 +275,9 @@ class RedisStore(Store):
         kwargs = dict(self.backend.client.connection_pool.connection_kwargs)
         client = redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
         self.closers.append(client.close)
-        (args,) = scripts
+        # The last: on a server whose script cache is empty, redis-py's first EVALSHA
+        # fails (NOSCRIPT) and is sent again after SCRIPT LOAD.
+        args = scripts[-1]
         self.raw_renew = lambda: client.evalsha(*args)
         self.ping = client.ping
         self.raw_what = "redis-py: EVALSHA of the renewal script, same keys and arguments"
@@ -320,7 +363,7 @@ def stores(wanted: list[str]) -> tuple[list[Store], list[str]]:
     return found, missing
 
 
-KINDS = ("ping", "raw renew", "renew", "acquire", "release", "lock()")
+KINDS = ("ping", "raw renew", "renew", "acquire", "release", "lock()", "raw acquire + release")
 
 
 def measure(
@@ -338,6 +381,8 @@ def measure(
     row["ping"].append(timed(store.ping, n))
     if store.raw_renew is not None:
         row["raw renew"].append(timed(store.raw_renew, n))
+    if store.raw_lock is not None:
+        row["raw acquire + release"].append(timed(store.raw_lock, n))
     samples: list[list[float]] = [[], [], [], []]
     for _ in range(n):
         for kept, new in zip(samples, store.cycle(), strict=True):

@@ -128,11 +128,23 @@ def environment_section(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ops_section(part: dict[str, Any]) -> str:
+def opening(part: dict[str, Any], *titles: str) -> tuple[dict[str, Any], list[str], str]:
+    """A section's start: the part's data, its titles and header; and the whole section
+    ("Failed: …") if the part failed, else ""."""
     data = part["data"]
-    out = ["## Lease operations: `bench/latency.py`\n", part_header(part)]
-    if "failed" in data:
-        return "\n".join([*out, f"Failed: {data['failed']}\n"])
+    out = [*titles, part_header(part)]
+    failed = "\n".join([*out, f"Failed: {data['failed']}\n"]) if "failed" in data else ""
+    return data, out, failed
+
+
+#: The ops kind of the acquisition's and the release's statements replayed (PostgreSQL).
+RAW_LOCK = "raw acquire + release"
+
+
+def ops_section(part: dict[str, Any]) -> str:
+    data, out, failed = opening(part, "## Lease operations: `bench/latency.py`\n")
+    if failed:
+        return failed
     out.append(
         f"One process, one thread, each call timed alone; {data['n']} samples per repeat, "
         f"{data['repeats']} repeats interleaved across the stores (median and p99 over all "
@@ -157,7 +169,7 @@ def ops_section(part: dict[str, Any]) -> str:
         if not kinds:
             continue
         raw = kinds["raw renew"]["median"] if "raw renew" in kinds else None
-        for kind in ("ping", "raw renew", "renew", "acquire", "release", "lock()"):
+        for kind in ("ping", "raw renew", "renew", "acquire", "release", "lock()", RAW_LOCK):
             if kind not in kinds:
                 continue
             s = kinds[kind]
@@ -165,7 +177,7 @@ def ops_section(part: dict[str, Any]) -> str:
             spread = (max(reps) - min(reps)) / s["median"] if s["median"] else 0
             if spread > SPREAD:
                 noisy.append(f"{STORE_NAMES[label]} {kind}")
-            ratio = f"{s['median'] / raw:.2f}x" if kind != "ping" and raw else ""
+            ratio = f"{s['median'] / raw:.2f}x" if kind not in ("ping", RAW_LOCK) and raw else ""
             rows.append(
                 [
                     STORE_NAMES[label],
@@ -199,6 +211,14 @@ def ops_section(part: dict[str, Any]) -> str:
     out.append(
         table(["store", "operation", "median", "p99", "repeat medians (ms)", "/ raw renew"], rows)
     )
+    pg = data["stores"].get("postgresql", {})
+    if RAW_LOCK in pg and "lock()" in pg:
+        out.append(
+            f"PostgreSQL: `lock()` {ms(pg['lock()']['median'], 3)} against the acquisition's "
+            f"and the release's statements replayed with psycopg alone (autocommit, the token "
+            f"the acquisition returned put in the release), {ms(pg[RAW_LOCK]['median'], 3)}: "
+            f"**{pg['lock()']['median'] / pg[RAW_LOCK]['median']:.2f}x**.\n"
+        )
     if isinstance(peer, str):
         out.append(f"python-redis-lock: not measured ({peer}).\n")
     if noisy:
@@ -212,14 +232,11 @@ def ops_section(part: dict[str, Any]) -> str:
 
 
 def failover_section(part: dict[str, Any]) -> str:
-    data = part["data"]
-    out = [
-        "## Elections: `bench/elections.py`\n",
-        "### Crash failover and graceful handover\n",
-        part_header(part),
-    ]
-    if "failed" in data:
-        return "\n".join([*out, f"Failed: {data['failed']}\n"])
+    data, out, failed = opening(
+        part, "## Elections: `bench/elections.py`\n", "### Crash failover and graceful handover\n"
+    )
+    if failed:
+        return failed
     ttl, renew, retry = data["ttl"], data["renew"], data["retry"]
     out.append(
         f"Three candidate processes of one name (`bench/election_candidate.py`, one "
@@ -300,10 +317,9 @@ def failover_section(part: dict[str, Any]) -> str:
 
 
 def load_section(part: dict[str, Any]) -> str:
-    data = part["data"]
-    out = ["### Store load per handover\n", part_header(part)]
-    if "failed" in data:
-        return "\n".join([*out, f"Failed: {data['failed']}\n"])
+    data, out, failed = opening(part, "### Store load per handover\n")
+    if failed:
+        return failed
     out.append(
         "What the store counts around one graceful handover with 10, 100 and 500 waiting "
         "candidates (Electors as threads, 100 per process, each with its own connection), "
@@ -322,10 +338,9 @@ def load_section(part: dict[str, Any]) -> str:
 
 
 def celery_section(part: dict[str, Any]) -> str:
-    data = part["data"]
-    out = ["## `singleton_task` overhead: `bench/celery_overhead.py`\n", part_header(part)]
-    if "failed" in data:
-        return "\n".join([*out, f"Failed: {data['failed']}\n"])
+    data, out, failed = opening(part, "## `singleton_task` overhead: `bench/celery_overhead.py`\n")
+    if failed:
+        return failed
     out.append(
         "A no-op `shared_task` against the same no-op made a `singleton_task` "
         "(`testproject/demoapp/tasks.py`), and on Redis the no-op made unique by "
@@ -381,11 +396,48 @@ def celery_section(part: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def throughput_section(part: dict[str, Any]) -> str:
+    data, out, failed = opening(part, "## Locks per second in one process: `bench/throughput.py`\n")
+    if failed:
+        return failed
+    out.append(
+        "Each thread takes and gives back a lock of its own name as fast as it can "
+        f"({data['seconds']:g} s per case, {data['repeats']} repeats interleaved across the "
+        "cases; the median of the repeats, each repeat in brackets). python-redis-lock runs "
+        "on the same Redis in the same run; **PING** / the driver's round trip is the "
+        "ceiling of one Python process's client here (a lock takes two round trips). "
+        "**ratio**: to the python-redis-lock row of the same threads.\n"
+    )
+    medians = data["medians"]
+    rows = []
+    for case, by_threads in data["rates"].items():
+        for threads, values in by_threads.items():
+            peer = medians.get("redis python-redis-lock", {}).get(threads)
+            auto = medians.get("redis python-redis-lock auto_renewal", {}).get(threads)
+            ratio = ""
+            if case.startswith("redis lock()") and peer and auto:
+                mine = medians[case][threads]
+                ratio = f"{mine / peer:.2f}x plain, {mine / auto:.2f}x auto"
+            rows.append(
+                [
+                    case,
+                    threads,
+                    f"{medians[case][threads]:,.0f}/s",
+                    "[" + ", ".join(f"{v:,.0f}" for v in values) + "]",
+                    str(data["connections"].get(case, {}).get(threads, "")),
+                    ratio,
+                ]
+            )
+    out.append(table(["case", "threads", "locks/s", "repeats", "connections", "ratio"], rows))
+    for reason in data.get("missing", []):
+        out.append(f"Not measured: {reason}\n")
+    return "\n".join(out)
+
+
 def scale_section(part: dict[str, Any]) -> str:
-    data = part["data"]
-    out = ["## Many leases in one process: `bench/scale.py`\n", part_header(part)]
-    if "failed" in data:
-        return "\n".join([*out, f"Failed: {data['failed']}\n"])
+    data, out, failed = opening(part, "## Many leases in one process: `bench/scale.py`\n")
+    if failed:
+        return failed
     renew_every = data["ttl"] / 3
     out.append(
         'One process (`bench/scale_holder.py`) enters `lock(f"scale-…-{i}", '
@@ -479,6 +531,7 @@ def write(results: dict[str, Any], page: Path, out: Path) -> None:
     sections = [INTRO, environment_section(results)]
     for key, make in (
         ("ops", ops_section),
+        ("throughput", throughput_section),
         ("failover", failover_section),
         ("load", load_section),
         ("celery", celery_section),

@@ -40,7 +40,7 @@ from typing import Any
 
 from _setup import ROOT, setup
 
-PARTS = ("ops", "failover", "celery", "load", "scale")
+PARTS = ("ops", "throughput", "failover", "celery", "load", "scale")
 STORES = ("sqlite", "postgresql", "mariadb", "redis", "zookeeper")
 DOCS = ROOT / "docs"
 OUT = DOCS / "benchmarks"
@@ -270,6 +270,13 @@ def part_load(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def part_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    import throughput
+
+    stores = [s for s in ("redis", "postgresql") if s in args.stores]
+    return throughput.run(args.threads, args.seconds, args.repeats, stores)
+
+
 def part_scale(args: argparse.Namespace) -> dict[str, Any]:
     import scale
 
@@ -278,6 +285,7 @@ def part_scale(args: argparse.Namespace) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "ops": part_ops,
+    "throughput": part_throughput,
     "failover": part_failover,
     "celery": part_celery,
     "load": part_load,
@@ -380,6 +388,8 @@ def main() -> None:
     parser.add_argument("--roundtrips", type=int, default=300, help="celery: worker calls")
     parser.add_argument("--sizes", default="10,100,500", help="load: waiting candidates")
     parser.add_argument("--scale", default="1000,10000", help="scale: leases held")
+    parser.add_argument("--threads", default="1,8", help="throughput: threads")
+    parser.add_argument("--seconds", type=float, default=3.0, help="throughput: per case")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few samples")
     parser.add_argument("--no-write", action="store_true", help="do not write the page")
     args = parser.parse_args()
@@ -390,6 +400,7 @@ def main() -> None:
         parser.error(f"unknown parts {unknown}: choose among {', '.join(PARTS)} or all")
     args.stores = [s for s in args.stores.split(",") if s]
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
+    args.threads = [int(s) for s in args.threads.split(",") if s]
     args.scale = [int(s) for s in args.scale.split(",") if s]
     if args.quick:
         args.n, args.repeats, args.trials, args.roundtrips = 100, 2, 3, 30

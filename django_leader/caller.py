@@ -108,20 +108,49 @@ class _Worker:
                     call.future.set_result(result)
                 else:
                     call.future.set_exception(error)
-                if late and error is None and call.on_late is not None:
-                    try:
-                        call.on_late(result)
-                    except Exception as exc:
-                        logger.warning(
-                            "handling the late answer of %s for %r failed: %s",
-                            getattr(call.fn, "__name__", call.fn),
-                            self.caller.name,
-                            exc,
-                        )
+                if late and error is None:
+                    hand_late(call.fn, call.on_late, result, f" for {self.caller.name!r}")
         finally:
             # This thread's connection: after a hang it is not trusted again.
             with suppress(Exception):
                 self.caller.backend.close()
+
+
+def direct_call(
+    timeout: float,
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    on_late: Callable[[T], None] | None,
+) -> T:
+    """``fn(*args)`` in this thread, its driver bounding it. Answered after ``timeout``
+    (the driver's timeouts add up: a pool wait, a connect, the answer), it counts as
+    unanswered, as a call left behind by a ``StoreCaller`` does: ``TimeoutError``, and
+    ``on_late(result)`` (a grant nobody acts on is handed back)."""
+    sent = clock()
+    result = fn(*args)
+    took = clock() - sent
+    if took <= timeout:
+        return result
+    hand_late(fn, on_late, result)
+    raise TimeoutError(
+        f"store call {getattr(fn, '__name__', fn)} answered after {took:.2f}s, "
+        f"past its {timeout:.2f}s"
+    )
+
+
+def hand_late(
+    fn: Callable[..., T], on_late: Callable[[T], None] | None, result: T, whose: str = ""
+) -> None:
+    """``on_late(result)``, the late answer of ``fn`` that nobody waited for; what it raises
+    is logged (``whose``: the caller, for the log line)."""
+    if on_late is None:
+        return
+    try:
+        on_late(result)
+    except Exception as exc:
+        logger.warning(
+            "handling the late answer of %s%s failed: %s", getattr(fn, "__name__", fn), whose, exc
+        )
 
 
 class Caller(Protocol):

@@ -142,6 +142,18 @@ class Membership:
         self._members: dict[str, Candidate] = {}
         self.read_at = 0.0
 
+    def heard(self) -> bool:
+        """Whether anybody listens to the membership signals of this sender (else the
+        registry need not be read for them)."""
+        return any(
+            signal.has_listeners(self.sender)
+            for signal in (
+                signals.candidate_joined,
+                signals.candidate_left,
+                signals.candidate_expired,
+            )
+        )
+
     def update(self, members: list[Candidate], store_now: datetime | None) -> None:
         """Send the signals for what changed since the registry was last read (best
         effort: a candidate that came and went between two reads is not seen);

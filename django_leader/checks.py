@@ -49,6 +49,14 @@ from .tasks import entries as _tasks_entries  # noqa: F401
 CheckFunction = Callable[..., list[CheckMessage]]
 
 
+#: The backends that ship with django-leader, for the hint of E002.
+BACKENDS_HINT = (
+    "Use 'django_leader.backends.db.DatabaseBackend', "
+    "'django_leader.backends.redis.RedisBackend' or "
+    "'django_leader.backends.zookeeper.ZooKeeperBackend'."
+)
+
+
 def never_raises(check: CheckFunction) -> CheckFunction:
     """A check that fails unexpectedly reports W000 instead of raising: Django runs the
     checks before ``migrate``, ``runserver`` and every management command, and a check
@@ -95,8 +103,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         messages.append(
             Error(
                 f"DJANGO_LEADER['BACKEND'] {conf.backend!r} cannot be imported: {exc}",
-                hint="Use 'django_leader.backends.db.DatabaseBackend' or "
-                "'django_leader.backends.redis.RedisBackend'.",
+                hint=BACKENDS_HINT,
                 id="django_leader.E002",
             )
         )
@@ -108,6 +115,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 Error(
                     f"DJANGO_LEADER['BACKEND'] {conf.backend!r} is not a "
                     "django_leader.backends.base.Backend subclass",
+                    hint=BACKENDS_HINT,
                     id="django_leader.E002",
                 )
             )
@@ -154,10 +162,12 @@ def check_migrations(
     what = _not_migrated(alias, "django_leader")
     if what is None:
         return []
+    from .backends.db.migrations import migrate_hint
+
     return [
         Warning(
             f"django_leader {what} in database {alias!r}",
-            hint=f"Run `manage.py migrate django_leader --database {alias}`.",
+            hint=migrate_hint(alias),
             id="django_leader.W002",
         )
     ]
@@ -439,7 +449,7 @@ def check_celery_broker(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             f"CELERY_BROKER_URL is a Redis URL but {problem}: Celery workers and beats "
             "will fail to start.",
             hint='Install Celery with its Redis extra: pip install "celery[redis]" '
-            '(or "django-leader[celery-redis]").',
+            '(or "django-leader[celery,redis]").',
             id="django_leader.W014",
         )
     ]

@@ -39,7 +39,6 @@ from .conf import (
 from .election import (
     Candidate,
     Mode,
-    next_in_line,
     validate_mode,
     validate_priority,
 )
@@ -351,7 +350,11 @@ class Elector:
         if lease is None:
             return
         if to is None:
-            first = next_in_line(self.candidates() or [], self.mode, holder=self.identity)
+            first = self._bounded_call(
+                functools.partial(self.backend.next_in_line, holder=self.identity),
+                self.name,
+                self.mode,
+            )
             to = first.identity if first is not None else ""
         if to:
             with suppress(NotSupportedError):

@@ -10,7 +10,9 @@ Events: ``renew`` (seconds a successful renewal took: the round trip of the
 ``renew_failed`` (1; the store answered with an error or not at all), ``renew_refused``
 (1), ``leaderless`` (seconds the name had no leader before an Elector of this process
 took it over after an expiry, by the store's clock: from the previous lease's expiry as
-last seen to the takeover).
+last seen to the takeover), ``store_callers`` (how many threads, each with its store
+connection, run the store calls of the process's session now; ``lease_name`` is then the
+store, ``repr(backend)``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ the hand-over an operator asked for, seen at a renewal. The lease itself is kept
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import threading
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from . import aio
+from .backends.base import Backend
 from .caller import Caller
 from .campaigner import NEXT_IN_LINE, Campaigner, Control, Elected
 from .candidacy import Membership
@@ -49,6 +51,12 @@ class Preemption:
             return None
         self._passed_over = (first.identity, first.seen_at)
         return first
+
+
+def _head(backend: Backend, name: str, holder: str) -> list[Candidate]:
+    """The head of ``name``'s priority queue, ``holder`` left out, as a list (no one: [])."""
+    first = backend.next_in_line(name, Mode.PRIORITY, holder=holder)
+    return [] if first is None else [first]
 
 
 def run_callback(
@@ -102,6 +110,7 @@ class Leadership:
         self.lost_at: float | None = None
         self._work_error: BaseException | None = None
         self._reading: Future[list[Candidate] | None] | None = None
+        self._reading_all = False  # whether the read in flight is the whole registry
 
     def run(self, lease: Lease, work: Work | None) -> bool:
         """Lead with ``lease`` until the term must end, then end it; once ``work`` (run in
@@ -154,13 +163,16 @@ class Leadership:
             cause, detail = LossReason.HANDED_OVER, f"to {to or 'the next in line'}"
         else:
             cause, detail = LossReason.RESIGNED, ""
+        if worker is not None:
+            # The term is over; its work is not (yet). Set before anyone hears of the end,
+            # so that stuck_for never reads less than the time since on_lost ran.
+            self.lost_at = clock()
         stepped_down = term.step_down(cause, detail)
         if not stepped_down:  # lost, not given up: say so now
             term.signal_lost()
         run_callback(self.on_lost, lease, self.loop, repr(self.owner), campaigner.timing.ttl)
 
         if worker is not None:
-            self.lost_at = clock()  # the term is over; its work is not (yet)
             # Stepped down (stop(), resign(), the watchdog…): the renewer keeps the lease
             # alive in the store, so that no other candidate leads while this work may
             # still act — a stuck work cannot be interrupted, only waited for (rule 8).
@@ -240,14 +252,24 @@ class Leadership:
             control.wake.wait(max(0.0, wake_at - clock()))
 
     def _read_registry(self) -> None:
-        """Read the registry in the background (at most one read in flight)."""
+        """Read the registry in the background (at most one read in flight): all of it
+        while somebody listens to the membership signals, else in ``priority`` mode the
+        head of the queue alone (whom to hand over to), else nothing."""
         if self._reading is not None and not self._reading.done():
             return
         campaigner = self.campaigner
-        try:
-            future = self.session.submit(
-                campaigner.backend.candidates, campaigner.name, bound=campaigner.timing.call_timeout
+        read: Callable[[], list[Candidate] | None]
+        self._reading_all = self.membership.heard()
+        if self._reading_all:
+            read = functools.partial(campaigner.backend.candidates, campaigner.name)
+        elif campaigner.mode is Mode.PRIORITY:
+            read = functools.partial(
+                _head, campaigner.backend, campaigner.name, campaigner.identity
             )
+        else:
+            return
+        try:
+            future = self.session.submit(read, bound=campaigner.timing.call_timeout)
         except RuntimeError:
             return
         self._reading = future
@@ -271,7 +293,8 @@ class Leadership:
             return
         if members is None:
             return
-        self.membership.update(members, self.store_now())
+        if self._reading_all:  # else the head of the queue alone
+            self.membership.update(members, self.store_now())
         lease = self.lease
         if campaigner.mode is Mode.PRIORITY and lease is not None and lease.held:
             if self.control.stepping_down_for:

@@ -35,6 +35,19 @@ class EventKind(str, Enum):
         return self.value
 
 
+@dataclass(frozen=True)
+class HistoryEvent:
+    """One history row to write: what happened (an :class:`EventKind`) to ``lease``, when
+    (``at``; None: the history database's now), with ``detail`` and the operator
+    (``actor``) if any."""
+
+    kind: str
+    lease: Lease
+    at: datetime | None = None
+    detail: str = ""
+    actor: str = ""
+
+
 class LossReason(str, Enum):
     """Why a held lease was lost (``Lease.lost_cause``); its value is the start of the
     human-readable ``Lease.lost_reason``."""

@@ -169,6 +169,9 @@ class Lock:
             sender=self,
             label=self._label,
             on_lost=Term.signal_lost,
+            # A lock may be taken thousands of times a second: its routine lines are
+            # DEBUG (the history keeps every term); a loss is a warning all the same.
+            log_level=logging.DEBUG,
         )
         term.begin()
         _set_hold(self.name, _Hold(term, owner, outer))

@@ -10,6 +10,9 @@ register, in prometheus-client's default registry:
   or were refused (``refused``);
 * ``django_leader_leaderless_seconds{name}`` — histogram of how long the name had no
   leader before this process took it over after an expiry (store clock).
+* ``django_leader_store_callers{store}`` — the threads, each with its store connection,
+  that run this process's calls to the store (``callers.py``: 1, up to 4 while several
+  holders wait on calls at once; 0 once the session ended).
 
 A process labels at most ``DJANGO_LEADER["METRICS_NAMES"]`` (default 100) distinct names,
 the first it sees; every later one is counted under the name ``(other)``, so that names
@@ -90,6 +93,11 @@ def install() -> None:
             ["name"],
             buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
         )
+        _metrics["callers"] = Gauge(
+            "django_leader_store_callers",
+            "Threads (each with its store connection) running this process's store calls",
+            ["store"],
+        )
         signals.leader_elected.connect(_elected, dispatch_uid="django_leader.metrics")
         signals.leader_lost.connect(_ended, dispatch_uid="django_leader.metrics")
         signals.lease_released.connect(_ended, dispatch_uid="django_leader.metrics")
@@ -119,3 +127,5 @@ def _observe(event: str, name: str, value: float) -> None:
         _metrics["failures"].labels(label(name), "refused").inc()
     elif event == "leaderless":
         _metrics["leaderless"].labels(label(name)).observe(value)
+    elif event == "store_callers":  # ``name``: the store
+        _metrics["callers"].labels(name).set(value)

@@ -196,3 +196,13 @@ class LeaseStore(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server} (fence {self.fence.isoformat()}, floor {self.floor})"
+
+
+class LeaseDashboard(Lease):
+    """The admin's dashboard of leases, as an entry of the admin's index and sidebar (a
+    proxy of :class:`Lease`: no table; its admin page redirects to the dashboard)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("dashboard")
+        verbose_name_plural = _("dashboard")

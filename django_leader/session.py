@@ -10,21 +10,18 @@ marks a lease lost when *its* renewal is refused or *its* deadline passes (even 
 batch is in flight); one lease refused, or whose row its holder's ``fenced()`` locks (the
 others are answered; it is tried again alone, ``RenewedInPart``), costs no other its own.
 
-A session owns two threads and one store connection, whatever the number of leases:
+Two threads and one store connection, whatever the number of leases: ``leader-session``,
+the loop (batches, deadlines, results), and ``leader-io:session#<n>``, a ``StoreCaller``
+worker (one connection per thread) for the batches, the holders' other calls (acquire,
+release, an Elector's campaign, history; in the holder's own thread where the driver
+bounds them, ``Backend.driver_bound``) and the reports (``on_lost``, ``on_renewed``).
+While holders wait on calls at once, up to three more callers run them (``callers.py``).
 
-- ``leader-session``: the loop (schedules batches, enforces deadlines, applies results);
-- ``leader-io:session#<n>``: a ``django_leader.caller.StoreCaller`` worker (the
-  backends keep one connection per thread) for the batches, every other call of the
-  holders — acquire, release, the campaign of an Elector, history — and the reports of
-  renewals and losses (``on_lost``, ``on_renewed``: user code never runs on the loop).
-
-A batch goes ahead of every queued call. Should it not start within its leases' call
-timeout (a slow call ahead of it), or run past its bound, the worker is left to that call
-with its connection and the next calls go to a new thread (see docs/safety.md, "Bounded
-store calls"): a renewal never waits long for anything else. A session idle for
+A batch goes ahead of every queued call. Not started within its leases' call timeout, or
+run past its bound, the worker is left to the call ahead with its connection and the next
+calls go to a new thread (docs/safety.md, "Bounded store calls"). A session idle for
 :data:`IDLE_TIMEOUT` seconds (no lease, no call) ends its threads, closes its connection
-and leaves the registry; a later use of it goes to the backend's registered session.
-"""
+and leaves the registry; a later use goes to the backend's registered session."""
 
 from __future__ import annotations
 
@@ -34,15 +31,16 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from . import hooks, jitter
 from .backends.base import Backend
 from .backends.partial import RenewedInPart
-from .caller import StoreCaller
-from .conf import Timing
+from .caller import StoreCaller, direct_call
+from .callers import CallerPool
 from .exceptions import BackendUnavailable
-from .lease import Lease, LossReason, clock
+from .lease import LossReason, clock
+from .renewal_batch import Batch, Renewer
 
 logger = logging.getLogger("django_leader")
 
@@ -50,48 +48,6 @@ T = TypeVar("T")
 
 #: Seconds a session without leases and calls keeps its threads and connections.
 IDLE_TIMEOUT = 30.0
-
-
-class Renewer(Protocol):
-    """What the session needs of a lease it renews (``django_leader.term.Renewer``)."""
-
-    lease: Lease
-    timing: Timing
-    next_renew: float  # these two: the session's, changed under its lock
-    in_flight: bool
-
-    @property
-    def deadline(self) -> float: ...
-    def renewed(self, renewed: Lease, sent: float, took: float) -> bool: ...
-    def _lost_in_session(self, cause: LossReason, detail: str = "") -> None: ...
-
-
-class _Batch:
-    """One ``renew_many`` call in flight: its renewers, in the order sent."""
-
-    __slots__ = ("bound", "future", "left", "patience", "renewers", "sent")
-
-    def __init__(self, renewers: list[Renewer], sent: float) -> None:
-        self.renewers = renewers
-        self.sent = sent
-        #: clock() after which the call is deemed hung: the first deadline among its leases.
-        self.bound = min(renewer.deadline for renewer in renewers)
-        #: clock() by which the call must have started (not queued behind a slow one).
-        self.patience = sent + min(renewer.timing.call_timeout for renewer in renewers) / 2
-        self.future: Future[list[Lease | None]] | None = None
-        self.left = False  # left behind, hung, with its thread
-
-    def hung(self, now: float) -> bool:
-        """Running past its bound (and not left behind yet)."""
-        future = self.future
-        running = future is not None and future.running() and not future.done()
-        return running and not self.left and now >= self.bound
-
-    def waiting(self, now: float) -> bool:
-        """Queued past its patience, behind another call."""
-        future = self.future
-        queued = future is not None and not future.running() and not future.done()
-        return queued and now >= self.patience
 
 
 class Session:
@@ -107,10 +63,10 @@ class Session:
         self.pid = os.getpid()
         self._cond = threading.Condition()
         self._renewers: set[Renewer] = set()
-        self._batches: list[_Batch] = []  # in flight
-        self._done: list[_Batch] = []  # answered, not applied yet
+        self._batches: list[Batch] = []  # in flight
+        self._done: list[Batch] = []  # answered, not applied yet
         self._thread: threading.Thread | None = None
-        self._calls: StoreCaller | None = None
+        self._pool: CallerPool | None = None
         self._users = 0  # calls being waited for
         self._last_use = clock()
         self._wake_at: float | None = None  # when the loop means to wake, if it waits
@@ -119,13 +75,17 @@ class Session:
         return f"<Session {self.backend!r}: {len(self._renewers)} leases>"
 
     # -- the holders' calls ---------------------------------------------------------------
-    def _caller(self) -> StoreCaller:
-        """The shared caller, started on demand (call with ``_cond`` held)."""
-        if self._calls is None:
-            self._calls = StoreCaller(self.backend, "session")
+    def _callers(self) -> CallerPool:
+        """The callers, started on demand (call with ``_cond`` held)."""
+        if self._pool is None:
+            self._pool = CallerPool(self.backend, "session")
         self._last_use = clock()
         self._start()
-        return self._calls
+        return self._pool
+
+    def _caller(self) -> StoreCaller:
+        """The first caller: batches, reports, submitted calls (``_cond`` held)."""
+        return self._callers().first
 
     def submit(
         self,
@@ -148,7 +108,12 @@ class Session:
         *args: Any,
         on_late: Callable[[T], None] | None = None,
     ) -> T:
-        """``StoreCaller.call`` on the session's caller."""
+        """``StoreCaller.call`` on a caller of the session's (``callers.py``); in this
+        thread, with no hand-off, if the driver itself ends the call within ``timeout``
+        (``backend.driver_bound``)."""
+        driver_bound = self.backend.driver_bound
+        if driver_bound is not None and driver_bound <= timeout:
+            return direct_call(timeout, fn, args, on_late)
         with self._waiting() as caller:
             return caller.call(timeout, fn, *args, on_late=on_late)
 
@@ -165,19 +130,25 @@ class Session:
 
     @contextmanager
     def _waiting(self) -> Iterator[StoreCaller]:
-        """The caller, counted as in use while somebody waits for a call on it (an idle
-        session is one nobody waits on)."""
+        """A caller (``CallerPool.take``), counted as in use while somebody waits for a
+        call on it (an idle session is one nobody waits on)."""
         with _registry_lock:
             live = self._live()
             with live._cond:
-                caller = live._caller()
+                pool = live._callers()
+                caller = pool.take()
                 live._users += 1
         try:
             yield caller
         finally:
             with live._cond:
+                pool.give(caller)
                 live._users -= 1
                 live._last_use = clock()
+                shrink = pool.next_shrink()
+                waking = live._wake_at
+                if shrink is not None and waking is not None and shrink < waking:
+                    live._cond.notify_all()  # the loop ends unused callers in time
 
     def _live(self) -> Session:
         """This session while registered, else the registered one (``_registry_lock``
@@ -255,6 +226,8 @@ class Session:
             for ttl, renewers in due.items():
                 self._send(renewers, ttl, now)
             self._unstick(clock())
+            if self._pool is not None:
+                self._pool.shrink(clock())
             wake = self._next_wake(clock())
             if not self._done:
                 self._wake_at = wake
@@ -299,7 +272,7 @@ class Session:
 
     def _send(self, renewers: list[Renewer], ttl: float, now: float) -> None:
         """Send one batch, ahead of every queued call (``_cond`` held)."""
-        batch = _Batch(renewers, now)
+        batch = Batch(renewers, now)
         for renewer in renewers:
             renewer.in_flight = True
         future = self._caller().submit(
@@ -313,7 +286,7 @@ class Session:
         self._batches.append(batch)
         future.add_done_callback(lambda _: self._answered(batch))
 
-    def _answered(self, batch: _Batch) -> None:
+    def _answered(self, batch: Batch) -> None:
         with self._cond:
             if batch in self._batches:
                 self._batches.remove(batch)
@@ -324,7 +297,7 @@ class Session:
         """Leave a batch's worker to its call if the batch outlived its bound there, or
         waited past its patience behind another call: the next calls go to a new thread
         and connection (``_cond`` held). A worker already replaced is not replaced again."""
-        if self._calls is None:
+        if self._pool is None:
             return
         for batch in self._batches:
             if batch.hung(now):
@@ -332,7 +305,7 @@ class Session:
             elif not batch.waiting(now):
                 continue
             assert batch.future is not None
-            self._calls.leave(batch.future)
+            self._pool.first.leave(batch.future)
 
     def _next_wake(self, now: float) -> float:
         """When the loop must wake next: a renewal due, a deadline, a hung batch, or the
@@ -347,11 +320,14 @@ class Session:
             for batch in self._batches
             if batch.patience > now and batch.future is not None and not batch.future.running()
         )
+        shrink = self._pool.next_shrink() if self._pool is not None else None
+        if shrink is not None:
+            times.append(shrink)
         if not times:
             return self._last_use + IDLE_TIMEOUT
         return min(times)
 
-    def _apply(self, batch: _Batch) -> None:
+    def _apply(self, batch: Batch) -> None:
         """Take a batch's answers: each lease renewed, refused or answered too late."""
         assert batch.future is not None
         with self._cond:
@@ -429,9 +405,9 @@ class Session:
     def _stop_callers(self) -> None:
         """Close the caller: its thread ends, closing its connection (``_cond`` held).
         Returns at once, even while a call hangs."""
-        if self._calls is not None:
-            self._calls.close()
-        self._calls = None
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = None
 
     def close(self) -> None:
         """End the session now: stop renewing (its leases run out at their deadlines),

@@ -350,6 +350,7 @@ class Term:
         label: str,
         on_lost: Callable[[Term], None] | None = None,
         on_renewed: Callable[[Lease], None] | None = None,
+        log_level: int = logging.INFO,
     ) -> None:
         self.backend = backend
         self.lease = lease
@@ -357,6 +358,8 @@ class Term:
         self.caller = caller
         self.sender = sender
         self.label = label
+        #: Of the "acquired" and "released" lines (a loss is a warning whatever it is).
+        self.log_level = log_level
         self._on_lost = on_lost
         self._signalled = False
         self._stepped_down = False
@@ -371,10 +374,21 @@ class Term:
     def begin(self) -> None:
         """Start renewing."""
         self.renewer.start()
-        lease = self.lease
-        logger.info(
-            "%s acquired the lease (token %s)", self.label, lease.token, extra=log_extra(lease)
-        )
+        self._log_routine("acquired")
+
+    def _log_routine(self, verb: str) -> None:
+        """Log the routine line of the term, ``<label> <verb> the lease (token N)``, at
+        :attr:`log_level`."""
+        if logger.isEnabledFor(self.log_level):
+            lease = self.lease
+            logger.log(
+                self.log_level,
+                "%s %s the lease (token %s)",
+                self.label,
+                verb,
+                lease.token,
+                extra=log_extra(lease),
+            )
 
     def signal_elected(self) -> None:
         signals.send(signals.leader_elected, self.sender, lease=self.lease)
@@ -443,9 +457,7 @@ class Term:
                 extra=log_extra(lease),
             )
         if released:
-            logger.info(
-                "%s released the lease (token %s)", self.label, lease.token, extra=log_extra(lease)
-            )
+            self._log_routine("released")
             signals.send(signals.lease_released, self.sender, lease=lease)
         else:
             self.signal_lost()

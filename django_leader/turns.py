@@ -5,6 +5,7 @@ the store calls and the timing of taking turns."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from .caller import Caller
 from .campaigner import Campaigner
 from .candidacy import Candidacy, Membership
 from .conf import Timing
-from .election import Candidate, Mode, may_try, next_in_line, place
+from .election import Candidate, Mode, may_try, place
 from .exceptions import BackendUnavailable
 from .lease import Lease, clock
 from .term import attempt, call_bound, log_extra
@@ -101,8 +102,10 @@ def wake_next(
     bound = call_bound(timing)
     try:
         if not to:
-            members = session.call(bound, backend.candidates, name)
-            first = next_in_line(members or [], mode, holder=releaser)
+            # The head of the queue only: a hand-over costs the same whatever its length.
+            first = session.call(
+                bound, functools.partial(backend.next_in_line, holder=releaser), name, mode
+            )
             if first is None:
                 return
             to = first.identity

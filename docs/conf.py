@@ -47,11 +47,14 @@ language = "en"
 # Cross-references that do not resolve are errors (with -W): keep the reference exact.
 nitpicky = True
 nitpick_ignore = [
-    # Type hints name these, and neither Django nor Celery publishes an inventory that
-    # resolves them under these paths.
+    # Type hints name these, and neither Django, Celery, APScheduler, huey nor RQ publishes an
+    # inventory that resolves them under these paths.
     ("py:class", "django.http.request.HttpRequest"),
     ("py:class", "django.http.response.HttpResponse"),
     ("py:class", "celery.beat.Scheduler"),
+    ("py:class", "apscheduler.schedulers.base.BaseScheduler"),
+    ("py:class", "huey.api.Huey"),
+    ("py:class", "rq.cron.CronScheduler"),
     # Type aliases and type variables of django_leader's own annotations.
     ("py:class", "Callback"),
     ("py:class", "Work"),
@@ -60,6 +63,7 @@ nitpick_ignore = [
     ("py:class", "T"),
     ("py:class", "django_leader.celery.tasks.F"),
     ("py:class", "django_leader.lease.T"),
+    ("py:class", "django_leader.lease.HistoryEvent"),  # the history writer's rows, internal
     ("py:class", "django_leader.leading.CampaignThread"),
     ("py:class", "django_leader.tasks.singleton.F"),
     ("py:class", "AsyncWork"),
@@ -68,6 +72,7 @@ nitpick_ignore = [
     # The session's renewers: documented with the session, not as a class of their own.
     ("py:class", "Renewer"),
     ("py:class", "django_leader.session.Renewer"),
+    ("py:class", "django_leader.renewal_batch.Renewer"),
     ("py:class", "CheckMessage"),  # django.core.checks, in check_configuration's signature
     # The stores' own classes in return annotations of the backends' methods: internal,
     # documented by the contract they implement (Backend.slots, Backend.now_expression).

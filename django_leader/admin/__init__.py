@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import Lease, LeaseEvent
+from ..models import Lease, LeaseDashboard, LeaseEvent
+from .dashboard import DashboardEntry
 from .date_hierarchy import HistoryChangeList
 from .history import LeaseEventAdmin, NameFilter
 from .leases import LeaseAdmin, StateFilter
@@ -57,8 +58,10 @@ from .store import Store
 
 admin.site.register(Lease, LeaseAdmin)
 admin.site.register(LeaseEvent, LeaseEventAdmin)
+admin.site.register(LeaseDashboard, DashboardEntry)
 
 __all__ = [
+    "DashboardEntry",
     "HistoryChangeList",
     "HistoryPaginator",
     "LeaseAdmin",

@@ -8,17 +8,21 @@ lease. Pure logic over plain values, like :mod:`~django_leader.admin.periods`.
   force-released. A lease its holder released, with nobody waiting, is idle: no alert.
 * **flapping** (:func:`flapping`): more than ``limit`` transitions (acquisitions and
   takeovers, what the lease's ``transitions`` counter counts) within the last ``window``.
+* **behind** (:func:`behind`): a leader holds the lease, and an entry of
+  ``TASKS_SCHEDULE`` whose slots it records has its last recorded slot two periods or more
+  in the past: the slot after it, and the one after that, fell due and were not recorded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ..lease import EventKind
 from .periods import STARTS, Change, format_duration
 
-NO_LEADER, FLAPPING = "no-leader", "flapping"
+NO_LEADER, FLAPPING, BEHIND = "no-leader", "flapping", "behind"
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,27 @@ def flapping(transitions: int, *, window: timedelta, limit: int) -> Alert | None
         "flapping",
         f"{transitions} transitions in the last {span} (more than {limit})",
     )
+
+
+def behind(
+    last_slots: Mapping[str, datetime],
+    after: Mapping[str, Callable[[datetime], datetime]],
+    now: datetime,
+) -> Alert | None:
+    """The "behind" alert when an entry's schedule has fallen two periods behind.
+
+    ``last_slots``: entry name -> its last recorded slot (for the lease a leader holds
+    now); ``after``: entry name -> the entry's next slot after a given one; ``now``: the
+    store's time."""
+    late = []
+    for name, last in sorted(last_slots.items()):
+        next_slot = after[name](last)
+        if after[name](next_slot) <= now:
+            ago = format_duration((now - last).total_seconds())
+            late.append(
+                f"{name}: last slot recorded {ago} ago, the next one due since "
+                f"{next_slot:%Y-%m-%d %H:%M:%S} UTC"
+            )
+    if not late:
+        return None
+    return Alert(BEHIND, "behind", "; ".join(late))

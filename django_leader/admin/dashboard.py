@@ -11,6 +11,7 @@ the list.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,7 +19,9 @@ from urllib.parse import urlencode
 
 from django.contrib.admin import ModelAdmin
 from django.contrib.admin.utils import quote
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext as _
@@ -26,8 +29,10 @@ from django.utils.translation import gettext as _
 from ..conf import get_settings
 from ..exceptions import BackendUnavailable
 from ..models import LeaseEvent
+from ..tasks.entries import Entry, load_schedule
 from . import alerts, periods
 from .constants import DASHBOARD_LEASES, FLAPPING_TRANSITIONS, FLAPPING_WINDOW
+from .readonly import ReadOnly
 from .store import Store
 
 
@@ -60,9 +65,15 @@ class LeaseRow:
 
 
 def read_lease(
-    store: Store, name: str, now: datetime, url: str, history_url: str | None
+    store: Store,
+    name: str,
+    now: datetime,
+    url: str,
+    history_url: str | None,
+    schedule: Mapping[str, Entry],
 ) -> LeaseRow:
-    """What the store and the history say about ``name`` now, with its alerts."""
+    """What the store and the history say about ``name`` now, with its alerts.
+    ``schedule``: the ``TASKS_SCHEDULE`` entries by their slot records' key."""
     row = LeaseRow(name, url, history_url)
     events = LeaseEvent.objects.using(store.history_db).filter(name=name)
     row.last = events.order_by("-at", "-id").first()
@@ -95,9 +106,26 @@ def read_lease(
             grace=timedelta(seconds=conf.ttl + conf.retry_interval),
         ),
         alerts.flapping(row.transitions, window=FLAPPING_WINDOW, limit=FLAPPING_TRANSITIONS),
+        _behind(store, lease, now, schedule) if lease is not None and schedule else None,
     ]
     row.alerts = [alert for alert in found if alert is not None]
     return row
+
+
+def _behind(
+    store: Store, lease: Any, now: datetime, entries: Mapping[str, Entry]
+) -> alerts.Alert | None:
+    """The "behind" alert of the ``entries`` whose slots ``lease`` records."""
+    try:
+        records = store.backend.slots().load(lease)
+    except BackendUnavailable:
+        return None
+    mine = [(entries[key], slot.at) for key, slot in records.items() if key in entries]
+    return alerts.behind(
+        {entry.name: periods.utc(at) for entry, at in mine},
+        {entry.name: entry.after for entry, _ in mine},
+        now,
+    )
 
 
 def dashboard_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> HttpResponse:
@@ -119,11 +147,12 @@ def dashboard_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> HttpRe
     event_admin = model_admin.admin_site._registry.get(LeaseEvent)
     history = event_admin is not None and event_admin.has_view_permission(request)
     history_list = reverse("admin:django_leader_leaseevent_changelist", current_app=site)
+    schedule = {entry.key: entry for entry in load_schedule()}
     rows = []
     for name in names:
         url = reverse("admin:django_leader_lease_change", args=[quote(name)], current_app=site)
         history_url = f"{history_list}?{urlencode({'name': name})}" if history else None
-        rows.append(read_lease(store, name, now, url, history_url))
+        rows.append(read_lease(store, name, now, url, history_url, schedule))
     rows.sort(key=lambda row: (not row.alerts and not row.error, row.name))
     conf = get_settings().timing
     context = {
@@ -146,3 +175,20 @@ def dashboard_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> HttpRe
     }
     request.current_app = site
     return TemplateResponse(request, "admin/django_leader/lease/dashboard.html", context)
+
+
+class DashboardEntry(ReadOnly, ModelAdmin):
+    """The dashboard in the admin's index and sidebar ("Dashboard" under Leader election),
+    for whoever may view leases: its page is the dashboard."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.has_perm("django_leader.view_lease"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        url = reverse("admin:django_leader_lease_dashboard", current_app=self.admin_site.name)
+        return redirect(url)

@@ -63,16 +63,12 @@ def live_rows(
     """
     rows: list[Lease] = []
     now: datetime | None = None
-    failed = False
-    for name in names:
-        try:
-            lease: LeaseRecord | None = store.backend.read(name)
-        except BackendUnavailable as exc:
-            if not failed:
-                messages.error(request, f"Cannot read the lease store: {exc}")
-            failed = True
-            rows.append(_row(name, None, None, UNKNOWN))
-            continue
+    try:
+        leases: list[LeaseRecord | None] = store.backend.read_many(names)  # a page at once
+    except BackendUnavailable as exc:
+        messages.error(request, f"Cannot read the lease store: {exc}")
+        return [_row(name, None, None, UNKNOWN) for name in names]
+    for name, lease in zip(names, leases, strict=True):
         if lease is not None:
             read_at = getattr(lease, "read_at", None)
             if read_at is None:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from django.core.checks import CheckMessage
 
     from ..conf import LeaderSettings
-    from ..election import Candidate
+    from ..election import Candidate, Mode
     from .slots import SlotStore
 
 logger = logging.getLogger("django_leader")
@@ -55,6 +55,13 @@ class Watch(Protocol):
 
     def close(self) -> None:
         """End the watch (idempotent)."""
+
+
+#: The advice a store without its marker logs with its lock-delay.
+NEW_STORE_HINT = (
+    "If the store is new (never used for leases), `manage.py leader init` once before the "
+    "first lock skips this wait; never run it after a loss."
+)
 
 
 class Backend(ABC):
@@ -96,6 +103,13 @@ class Backend(ABC):
     @abstractmethod
     def names(self) -> list[str]:
         """Every lease name the store knows (held or not), sorted."""
+
+    def read_many(self, names: Sequence[str]) -> list[Lease | None]:
+        """:meth:`read` each of ``names``; the answers in the same order. What ``leader
+        status`` reads for every name the store knows, so its cost should not be a round
+        trip per name: the default reads them one by one; a store that can read many in
+        one round trip does (Redis, the databases)."""
+        return [self.read(name) for name in names]
 
     @abstractmethod
     def force_release(self, name: str, *, actor: str = "", detail: str = "") -> Lease | None:
@@ -191,10 +205,38 @@ class Backend(ABC):
         in join order (``seq``); None if this store keeps no registry."""
         return None
 
+    def candidates_many(self, names: Sequence[str]) -> list[list[Candidate] | None]:
+        """:meth:`candidates` of each of ``names``, in the same order (one by one by
+        default; in one round trip per batch where the store can)."""
+        return [self.candidates(name) for name in names]
+
+    def next_in_line(
+        self, name: str, mode: Mode | str, *, holder: str | None = None
+    ) -> Candidate | None:
+        """Whose turn comes after ``holder``'s in ``mode`` (``race`` and ``fifo``: the live
+        candidate that joined first; ``priority``: the highest priority, ties in join
+        order), ``holder`` left out; None if nobody waits or the store keeps no registry.
+
+        What a hand-over reads, so its cost should not grow with the queue: the default
+        reads the whole registry (:meth:`candidates`); a store whose registry is large
+        and not one round trip answers in a few requests whatever its length (Redis and
+        ZooKeeper, in join order)."""
+        from ..election import next_in_line
+
+        members = self.candidates(name)
+        return None if members is None else next_in_line(members, mode, holder=holder)
+
     # -- history ----------------------------------------------------------------------------
     #: The database alias the history (``django_leader.models.LeaseEvent``) is written to,
     #: or None without history.
     history_database: str | None = None
+
+    #: Seconds within which the driver itself ends any one call of this backend, made from
+    #: any thread (its socket timeouts: a free connection, connecting, the answer); None if
+    #: it does not. A holder's call whose bound is at least this runs in the holder's own
+    #: thread; others run on a thread of the process's session, which stops waiting at the
+    #: bound (see docs/safety.md, "Bounded store calls").
+    driver_bound: float | None = None
 
     def prune(self, unused_for: timedelta, *, batch: int = 500) -> int:
         """Forget the names nobody has held for ``unused_for`` (by the store's clock: the
@@ -205,6 +247,17 @@ class Backend(ABC):
         (a few statements or one pipeline each); returns how many names were forgotten.
         Optional: the default keeps everything (0)."""
         return 0
+
+    def initialize(self) -> bool | None:
+        """Mark a store **never used before** as new, so that its first acquisition does
+        not wait out the lock-delay that a store which lost its state costs (SPEC rule 7;
+        a store without its marker cannot tell "new" from "forgot"). True if this call
+        marked it, False if it was marked already, None if the store keeps no such marker
+        (the default: the database backend notices a lost row per name). ``manage.py
+        leader init`` calls it, and so does ``migrate`` when it creates django-leader's
+        tables. Never after a flush, a restart or a restore: let the store notice the
+        loss."""
+        return None
 
     def flush_history(self, timeout: float | None = None) -> bool:
         """Block until history events noticed so far are written; False on timeout.

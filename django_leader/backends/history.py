@@ -16,10 +16,10 @@ import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from contextlib import suppress
 from datetime import datetime
 
-from ..lease import EventKind, Lease
+from ..lease import EventKind, HistoryEvent, Lease
 
 logger = logging.getLogger("django_leader")
 
@@ -27,15 +27,17 @@ logger = logging.getLogger("django_leader")
 EXIT_FLUSH_TIMEOUT = 2.0
 #: Seconds between two warnings of history events dropped (the queue was full).
 DROP_LOG_INTERVAL = 10.0
-
-
-@dataclass(frozen=True)
-class Event:
-    kind: str
-    lease: Lease
-    at: datetime | None
-    detail: str = ""
-    actor: str = ""
+#: Most events written in one transaction: a burst (thousands of leases taken at once) is
+#: written in a few commits, not one per event.
+WRITE_BATCH = 200
+#: Seconds the writer waits after an event for more to write with it: a process taking
+#: locks in a loop has them written a transaction per this interval, not one or two per
+#: lock (each its own wake-up of the writer, competing with the lock's thread).
+LINGER = 0.05
+#: Seconds without an event after which the writer closes its connection to the history
+#: database (it reconnects for the next event): a process that takes a lease now and then
+#: keeps no idle connection.
+IDLE_CLOSE = 10.0
 
 
 class HistoryWriter:
@@ -43,7 +45,7 @@ class HistoryWriter:
 
     def __init__(self, database: str, maxsize: int = 10_000) -> None:
         self.database = database
-        self._queue: queue.Queue[Event] = queue.Queue(maxsize)
+        self._queue: queue.Queue[HistoryEvent] = queue.Queue(maxsize)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -56,7 +58,7 @@ class HistoryWriter:
         """Queue an event; never blocks, never raises."""
         self._ensure_thread()
         try:
-            self._queue.put_nowait(Event(kind, lease, at, detail, actor))
+            self._queue.put_nowait(HistoryEvent(kind, lease, at, detail, actor))
         except queue.Full:
             self._dropped(kind, lease.name)
 
@@ -97,29 +99,50 @@ class HistoryWriter:
                 )
                 self._thread.start()
 
+    def _next_batch(self, idle: float | None) -> list[HistoryEvent]:
+        """The next events in the order recorded, up to :data:`WRITE_BATCH`: waits for the
+        first, then :data:`LINGER` for those that follow it; [] when none came for ``idle``
+        seconds."""
+        try:
+            events = [self._queue.get(timeout=idle)]
+        except queue.Empty:
+            return []
+        if self._queue.qsize() < WRITE_BATCH:
+            time.sleep(LINGER)
+        with suppress(queue.Empty):
+            while len(events) < WRITE_BATCH:
+                events.append(self._queue.get_nowait())
+        return events
+
     def _run(self) -> None:
         from .db import DatabaseBackend
 
         store: DatabaseBackend | None = None
         while True:
-            event = self._queue.get()
+            events = self._next_batch(None if store is None else IDLE_CLOSE)
+            if not events:  # idle: let the connection go, reconnect for the next event
+                if store is not None:
+                    with suppress(Exception):
+                        store.close()
+                store = None
+                continue
             try:
                 if store is None:
                     store = DatabaseBackend(self.database)
-                store.write_event(
-                    event.kind, event.lease, detail=event.detail, actor=event.actor, at=event.at
-                )
+                store.write_events(events)
             except Exception as exc:  # BackendUnavailable, or a bug: never the lease's problem
                 logger.warning(
-                    "could not write %s event of %r to database %r, dropped "
+                    "could not write %s event of %r%s to database %r, dropped "
                     "(history is best effort): %s",
-                    event.kind,
-                    event.lease.name,
+                    events[0].kind,
+                    events[0].lease.name,
+                    f" and {len(events) - 1} more" if len(events) > 1 else "",
                     self.database,
                     exc,
                 )
             finally:
-                self._queue.task_done()
+                for _ in events:
+                    self._queue.task_done()
 
 
 _writers: weakref.WeakSet[HistoryWriter] = weakref.WeakSet()

@@ -31,6 +31,9 @@ class _Record:
     acquired_at: datetime
     renewed_at: datetime
     expires: float  # on lease.clock(); inf for a pinned name
+    #: What the store reports: ``renewed_at`` plus the ttl exactly (``_at(expires)``
+    #: rounds each time to the microsecond apart, and could be 1 µs off); None if pinned.
+    expires_at: datetime | None
 
 
 class MemoryBackend(Backend):
@@ -82,21 +85,26 @@ class MemoryBackend(Backend):
         self._tokens[name] = token
         previous = self._leases.get(name)
         record = _Record(
-            holder, token, (previous.transitions if previous else 0) + 1, now, now, expires
+            holder,
+            token,
+            (previous.transitions if previous else 0) + 1,
+            now,
+            now,
+            expires,
+            None if ttl == float("inf") else now + timedelta(seconds=ttl),
         )
         self._leases[name] = record
         self.events.append(("acquired", name, holder, token))
         return self._lease(name, record)
 
     def _lease(self, name: str, record: _Record) -> Lease:
-        expires_at = None if record.expires == float("inf") else self._at(record.expires)
         return Lease(
             name=name,
             holder=record.holder,
             token=record.token,
             acquired_at=record.acquired_at,
             renewed_at=record.renewed_at,
-            expires_at=expires_at,
+            expires_at=record.expires_at,
             transitions=record.transitions,
             read_at=self.now(),
         )
@@ -129,6 +137,7 @@ class MemoryBackend(Backend):
             moment = clock()
             current.expires = moment + ttl
             current.renewed_at = self._at(moment)
+            current.expires_at = current.renewed_at + timedelta(seconds=ttl)
             renewed = self._lease(lease.name, current)
             handover = self._handovers.get(lease.name)
             if handover is not None and handover[1] > moment:

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
@@ -129,6 +131,9 @@ class LeaderScheduler(Scheduler):
             import django
 
             django.setup()
+        from django_leader.backends.db import require_tables
+
+        require_tables()  # else the beat campaigns and fails, logged for ever
         self._elector = BeatElector(self, self._name)
         self._slots = self._elector.backend.slots()
         self._clock = StoreClock(self._slots)
@@ -140,12 +145,8 @@ class LeaderScheduler(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Follower: wait up to ``RETRY_INTERVAL`` to be elected. Leader: the wrapped
         scheduler's tick (which sends what is due)."""
-        self._busy = True
-        try:
+        with self._running():
             return self._tick(*args, **kwargs)
-        finally:
-            self._busy = False
-            self._call = None
 
     def _tick(self, *args: Any, **kwargs: Any) -> float:
         elector = self._elector
@@ -189,14 +190,26 @@ class LeaderScheduler(Scheduler):
         inner = self._inner
         if inner is None:
             return
-        self._busy = True
-        if inner._dl_lease is not None:
-            self._call = (clock(), inner._dl_lease)
-        try:
+        with self._running():
+            if inner._dl_lease is not None:
+                self._call = (clock(), inner._dl_lease)
             inner._do_sync()
+
+    @contextmanager
+    def _running(self) -> Iterator[None]:
+        """A tick or a sync: :meth:`close` waits for its end (``_busy``), and ``_watch``
+        times it (``_call``). Beat's SIGTERM/SIGINT handler may call :meth:`close` during
+        it and raise SystemExit, which something under it can swallow (a driver's bare
+        ``except:``, as kazoo's around its wake-up write): raised again at its end, or the
+        beat would go on holding the lease and sending nothing until it is killed."""
+        self._busy = True
+        try:
+            yield
         finally:
             self._busy = False
             self._call = None
+            if self._closing and not self._closed:
+                raise SystemExit()
 
     def should_sync(self) -> bool:
         inner = self._inner

@@ -52,7 +52,7 @@ import logging
 import math
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 
 from django.db import connections
 
@@ -82,13 +82,14 @@ class Enqueuer:
         self.slots = slots
         self.clock = StoreClock(slots)  # the store's time; never this process's wall clock
         self.last: dict[str, datetime] = {}  # entry key -> last slot recorded (store clock)
+        self.started = datetime.min.replace(tzinfo=timezone.utc)  # the term's (start())
         # entry key -> a slot recorded but not enqueued, and the clock() of its next try
         self.failed: dict[str, tuple[Slot, float]] = {}
 
     def start(self) -> None:
         """Read the last recorded slots and the store's clock."""
         records = self.slots.load(self.lease)
-        self.clock.sync()
+        self.started = self.clock.sync()  # slots before this fell due while no leader ran
         for entry in self.entries:
             slot = records.get(entry.key)
             if slot is None:
@@ -119,15 +120,46 @@ class Enqueuer:
         for entry in self.entries:
             due = entry.due(now)
             if self._new_slot(entry, now):
-                self.enqueue(entry, due)
+                for at in self.catch_up(entry, now):
+                    self.enqueue(entry, at)
             elif entry.key in self.failed and clock() >= self.failed[entry.key][1]:
                 slot = self.failed[entry.key][0]
                 self.slots.claim(self.lease, slot)  # still ours: LeadershipLost otherwise
                 self.send(entry, slot)
-            wait = min(wait, (due - now).total_seconds() + entry.every)
+            wait = min(wait, (entry.after(due) - now).total_seconds())
             if entry.key in self.failed:
                 wait = min(wait, self.failed[entry.key][1] - clock())
         return max(0.0, wait)
+
+    def catch_up(self, entry: Entry, now: datetime) -> list[datetime]:
+        """The new slots of ``entry`` to enqueue now, oldest first, by its ``catch_up``:
+        the latest (``once``); the latest unless it fell due before this term began
+        (``skip``); the latest ``max_catch_up`` since the last recorded one (``all``). An
+        entry never enqueued before starts at its latest slot."""
+        due, last = entry.due(now), self.last.get(entry.key)
+        if entry.catch_up == "skip" and due < self.started:
+            self.last[entry.key] = due  # not recorded: the next leader skips it too
+            logger.info(
+                "tasks schedule: slot %s of %r fell due while no leader ran: skipped "
+                "(catch_up 'skip')",
+                due.isoformat(),
+                entry.name,
+            )
+            return []
+        if entry.catch_up != "all" or last is None:
+            return [due]
+        slots = entry.missed(last, now, entry.max_catch_up + 1)
+        if len(slots) > entry.max_catch_up:
+            slots = slots[1:]
+            logger.warning(
+                "tasks schedule: more than %d slots of %r fell due while no leader ran: "
+                "the latest %d are enqueued, the ones before %s are not (max_catch_up)",
+                entry.max_catch_up,
+                entry.name,
+                entry.max_catch_up,
+                slots[0].isoformat(),
+            )
+        return slots
 
     def enqueue(self, entry: Entry, at: datetime) -> None:
         """Record slot ``at`` of ``entry``, fenced, then enqueue it."""

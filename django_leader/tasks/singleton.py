@@ -25,7 +25,14 @@ from ..locks import Lock
 from ..singleton import Key, SingletonSpec, retry_countdown
 from .compat import framework
 
-logger = logging.getLogger("django_leader.tasks")
+
+def worker_log() -> logging.Logger:
+    """Where a singleton task's execution says it skipped, was refused or was enqueued
+    again: beside the worker's own lines about the task, under the tasks framework's logger
+    (``django.tasks.django_leader``, or ``django_tasks.django_leader`` with the backport),
+    which ``db_worker`` shows at its default verbosity."""
+    return logging.getLogger(f"{framework().__name__}.django_leader")
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,6 +105,7 @@ class TaskSingleton(SingletonSpec):
     def locked(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: LeaseHeld) -> None:
         """What an execution that finds the lock held does (``on_locked``)."""
         label = self.fun.__qualname__
+        logger = worker_log()
         if self.on_locked == "skip":
             logger.info("%s skipped: %s", label, exc)
             return None

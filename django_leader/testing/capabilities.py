@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from ..election import Candidate
+from ..election import Candidate, next_in_line
 from ..exceptions import NotSupportedError
 from .lease_contract import ContractBase, LeaseContract, wait_until_expired
 
@@ -168,6 +168,68 @@ class RegistryContract(LeaseContract):
         # Candidacy is no lease: bob announced, yet anyone may take the lease.
         lease, _ = backend.acquire(lease_name, "dave", 30)
         assert lease is not None and lease.holder == "dave"
+
+    def test_candidates_many_answers_for_each_name_as_candidates_does(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        first, second, nobody = (f"{lease_name}-{x}" for x in "abc")
+        backend.announce(first, Candidate("bob", priority=2), 30)
+        backend.announce(first, Candidate("alice"), 30)
+        backend.announce(second, Candidate("carol"), 30)
+        found = backend.candidates_many([first, nobody, second, first])
+        if backend.candidates(first) is None:  # a store that keeps no registry
+            assert found == [None] * 4
+            return
+        expected = [backend.candidates(name) for name in (first, nobody, second, first)]
+        assert [[c.identity for c in each] for each in found] == [
+            ["bob", "alice"],
+            [],
+            ["carol"],
+            ["bob", "alice"],
+        ]
+        assert [[(c.seq, c.priority) for c in each] for each in found] == [
+            [(c.seq, c.priority) for c in each] for each in expected
+        ]
+        assert backend.candidates_many([]) == []
+
+    def test_next_in_line_is_the_head_of_the_registry(self, backend: Any, lease_name: str) -> None:
+        """``next_in_line()`` answers what the whole registry says (``election.next_in_line``
+        of ``candidates()``) in each mode, the holder left out, a withdrawn or expired head
+        skipped; None with nobody waiting, or without a registry."""
+        if backend.candidates(lease_name) is None:
+            assert backend.next_in_line(lease_name, "fifo") is None
+            return
+        assert backend.next_in_line(lease_name, "fifo") is None
+        backend.announce(lease_name, Candidate("carol", priority=1), 2.0)
+        backend.announce(lease_name, Candidate("bob", priority=5), 30)
+        backend.announce(lease_name, Candidate("alice", priority=5), 30)
+        backend.announce(lease_name, Candidate("dave", priority=9), 30)
+
+        def head(mode: str, holder: str | None = None) -> str | None:
+            found = backend.next_in_line(lease_name, mode, holder=holder)
+            members = backend.candidates(lease_name)
+            expected = next_in_line(members, mode, holder=holder)
+            assert (found and found.identity) == (expected and expected.identity), members
+            if found is not None:  # the whole record, as candidates() has it
+                assert expected is not None and found.seq == expected.seq
+                assert (found.priority, found.joined_at) == (expected.priority, expected.joined_at)
+            return found.identity if found is not None else None
+
+        assert head("fifo") == head("race") == "carol"
+        assert head("fifo", holder="carol") == "bob"
+        assert head("priority") == "dave"
+        assert head("priority", holder="dave") == "bob"
+        backend.withdraw(lease_name, "bob")
+        assert head("fifo", holder="carol") == "alice"
+        give_up = time.monotonic() + 15
+        # carol's candidacy expires (not compared meanwhile: it may expire between reads)
+        while getattr(backend.next_in_line(lease_name, "fifo"), "identity", None) == "carol":
+            assert time.monotonic() < give_up
+            time.sleep(0.05)
+        assert head("fifo") == "alice"
+        for identity in ("alice", "dave"):
+            backend.withdraw(lease_name, identity)
+        assert head("fifo") is None and head("priority") is None
 
 
 class HandoverContract(LeaseContract):

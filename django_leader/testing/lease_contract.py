@@ -300,6 +300,35 @@ class LeaseContract(ContractBase):
         assert seen.read_at is not None  # the store's clock when read
         assert seen.deadline is None and not seen.lost.is_set()  # held by nobody here
 
+    def test_read_many_answers_for_each_name_as_read_does(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """Held, released, expired, never taken, listed twice and names a store might
+        encode alike: ``read_many`` answers each as ``read`` does, in order."""
+        held, released, expired, never = (f"{lease_name}-{x}" for x in "abcd")
+        braced, upper = f"{lease_name}-{{e}}", f"{lease_name}-A"
+        for name, holder in ((held, "alice"), (braced, "bob"), (upper, "carol")):
+            assert backend.acquire(name, holder, 30)[0] is not None
+        lease, _ = backend.acquire(released, "dave", 30)
+        assert lease is not None and backend.release(lease)
+        assert backend.acquire(expired, "erin", 0.2)[0] is not None
+        time.sleep(0.5)
+        names = [never, held, released, expired, braced, upper, held]
+        seen = backend.read_many(names)
+        assert [lease and (lease.name, lease.holder) for lease in seen] == [
+            None,
+            (held, "alice"),
+            None,
+            None,
+            (braced, "bob"),
+            (upper, "carol"),
+            (held, "alice"),
+        ]
+        one = backend.read(held)
+        assert one is not None and seen[1] is not None and seen[1].read_at is not None
+        assert (seen[1].token, seen[1].expires_at) == (one.token, one.expires_at)
+        assert backend.read_many([]) == []
+
     def test_threads_racing_for_a_released_lease_one_wins(
         self, backend: Any, lease_name: str
     ) -> None:

@@ -201,6 +201,10 @@ def _t(item: tuple[str, float, str]) -> float:
     return item[1]
 
 
+def _term(act: dict[str, Any]) -> tuple[Any, Any]:
+    return act.get("who"), act.get("token")
+
+
 def _end(record: dict[str, Any]) -> float:
     return float(record.get("t1", record["t"]))
 
@@ -367,13 +371,18 @@ def _bridges(
 
 
 def _gaps(acts: list[dict[str, Any]], gap: float, end: float) -> list[tuple[float, float]]:
-    """Stretches of time in which nobody acted (the last one runs to ``end``)."""
+    """Stretches of time in which nobody acted (the last one runs to ``end``). A pause
+    between two acts of one term (same holder, same token: a token once lost is never
+    held again) is none: that holder led all along, only its loop did not run (a loaded
+    machine, a collection), as for a ``loop_blocked`` (:func:`_bridges`)."""
     gaps = []
     covered: float | None = None
+    term: tuple[Any, Any] | None = None
     for act in acts:
-        if covered is not None and act["t"] - covered > gap:
+        if covered is not None and act["t"] - covered > gap and term != _term(act):
             gaps.append((covered, float(act["t"])))
-        covered = _end(act) if covered is None else max(covered, _end(act))
+        if covered is None or _end(act) >= covered:
+            covered, term = _end(act), _term(act)
     if covered is not None and end - covered > gap:
         gaps.append((covered, end))
     return gaps

@@ -84,9 +84,12 @@ class SentinelStore(Store):
         }
 
     def _settle(self) -> None:
-        """Wait until the primary has every other node back as a replica."""
-        primary = self.topology.primary_port()
-        self.topology.await_replicas(primary, len(self.topology.nodes) - 1)
+        """Wait until the Sentinels agree on one primary, with no failover running, and it
+        has every other node back as a replica."""
+        t = self.topology
+        t.await_settled()
+        t.await_replicas(t.primary_port(), len(t.nodes) - 1)
+        t.await_settled()
 
     def inject(self, kind: str, rng: Random) -> Injected:
         t = self.topology

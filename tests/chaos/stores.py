@@ -20,7 +20,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from tests.support.ports import free_port
 from tests.support.redis_server import answers_ping
 
 #: Seconds a server may take to answer after a start.
@@ -42,12 +42,6 @@ ROWS = "SELECT id, token, writer, note FROM demoapp_fencedwrite ORDER BY id"
 
 def clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -417,12 +411,16 @@ class MariaDBStore(Store):
 
     name = "mariadb"
     faults = ("mariadb-restart", "conn-kill")
+    #: More ``mariadbd`` options (the TLS test's certificate and ``require-secure-transport``,
+    #: which a server without grant tables does not enforce: with options, it has them).
+    options: tuple[str, ...] = ()
 
     def __init__(self, workdir: Path, ttl: float) -> None:
         super().__init__(workdir, ttl)
         self.port = free_port()
         self.base = server_dir("mariadb", "mysql")
         self.data = self.base / "data"
+        self.tmp = self.base / "tmp"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -444,7 +442,14 @@ class MariaDBStore(Store):
     def start(self) -> None:
         if not self.data.exists():
             user = ["--user=mysql"] if os.geteuid() == 0 else []
+            # A temporary directory of its own: two servers bootstrapped at once in /tmp
+            # (the TLS test beside a fenced-write test) tripped over each other's temporary
+            # tables ("Error on delete of '/tmp/#sql-temptable-…'").
+            self.tmp.mkdir(exist_ok=True)
+            if os.geteuid() == 0:
+                shutil.chown(self.tmp, "mysql")
             _run(["mariadb-install-db", "--no-defaults", *user, f"--datadir={self.data}",
+                  f"--tmpdir={self.tmp}",
                   "--auth-root-authentication-method=normal", "--skip-test-db"],
                  cwd="/")  # fmt: skip
             self._start()
@@ -458,13 +463,17 @@ class MariaDBStore(Store):
         user = ["--user=mysql"] if os.geteuid() == 0 else []
         self.proc = subprocess.Popen(
             [binary, "--no-defaults", *user, f"--datadir={self.data}", f"--port={self.port}",
+             f"--tmpdir={self.tmp}",
              f"--bind-address={self._bind()}", f"--socket={self.base}/mysqld.sock",
-             f"--pid-file={self.base}/mysqld.pid", "--skip-grant-tables", "--skip-log-bin",
+             f"--pid-file={self.base}/mysqld.pid", *self._grants(), "--skip-log-bin",
              "--innodb-flush-log-at-trx-commit=2", "--innodb-buffer-pool-size=64M",
-             "--max-connections=300", f"--log-error={self.base}/error.log"],
+             "--max-connections=300", f"--log-error={self.base}/error.log", *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         wait_until(self.answers, START_TIMEOUT, "mariadbd")
+
+    def _grants(self) -> list[str]:
+        return [] if self.options else ["--skip-grant-tables"]
 
     def _bind(self) -> str:
         # One address, or every address: on a network, those of the store's namespace
@@ -474,7 +483,9 @@ class MariaDBStore(Store):
     def connect(self, database: str | None = DATABASE) -> Any:
         import MySQLdb
 
-        extra = {} if database is None else {"database": database}
+        extra: dict[str, Any] = {} if database is None else {"database": database}
+        if self.options:
+            extra["ssl_mode"] = "REQUIRED"
         return MySQLdb.connect(host="127.0.0.1", port=self.port, user="root",
                                connect_timeout=2, autocommit=True, **extra)  # fmt: skip
 

@@ -317,9 +317,9 @@ def test_dashboard_lists_every_lease_with_its_alerts(
     from playwright.sync_api import expect
 
     seed(store)
-    with logged_in(live_server, width, "/admin/django_leader/") as page:
-        # From the "Leader election" section to the dashboard.
-        page.click("#leader-dashboard-link a")
+    with logged_in(live_server, width, "/admin/") as page:
+        # From the admin's index (issue 28: it did not list the dashboard) to the dashboard.
+        page.click("#content-main a[href$='/django_leader/leasedashboard/']")
         page.wait_for_url("**/admin/django_leader/lease/dashboard/")
         table = page.locator("#leader-dashboard")
         expect(table).to_be_visible()
@@ -461,3 +461,32 @@ def test_history_columns_stay_on_screen_with_a_long_holder_id(
         assert_on_screen(page, recent, "recent history")
         assert_on_screen(page, recent.locator("th").last, "detail")
         assert_no_cell_cut(page, "#leader-history table")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_dotted_names_and_default_holders_fit_the_lease_list(
+    browser_available: None, live_server: Any, operator: Any, store: Any, width: int
+) -> None:
+    """Issue 28, item 5: a dotted lease name (a singleton task's) ran over the holder's
+    column, and a default identity was cut to ``vm:250…`` at 1280 px with space to spare."""
+    leases = {
+        "singleton:billing.tasks.send_invoice": "vm:25003:1745615c",
+        "celery-beat:proj.celery": "vm:25011:9a8b7c6d",
+    }
+    for name, holder in leases.items():
+        assert store.acquire(name, holder, 300)[0] is not None
+    with logged_in(live_server, width, "/admin/django_leader/lease/") as page:
+        assert_no_cell_cut(page, "#result_list")
+        overflowing = page.evaluate(
+            """() => Array.from(document.querySelectorAll('#result_list tbody th'))
+                .filter(th => th.scrollWidth > th.clientWidth + 1).map(th => th.textContent)"""
+        )
+        assert overflowing == [], f"names run over the next column: {overflowing}"
+        cut = page.evaluate(
+            """() => Array.from(document.querySelectorAll('#result_list .leader-id'))
+                .filter(id => id.scrollHeight > id.clientHeight + 1
+                              || id.scrollWidth > id.clientWidth + 1)
+                .map(id => id.textContent)"""
+        )
+        assert cut == [], f"ids cut short: {cut}"
+        shoot(page, "lease-list-dotted", width)

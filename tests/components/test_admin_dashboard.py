@@ -167,7 +167,47 @@ def test_dashboard_needs_the_view_permission_and_is_linked(
     )
     assert client.get(reverse(DASHBOARD)).status_code == 200
     dashboard = reverse(DASHBOARD)
-    section = client.get(reverse("admin:app_list", args=["django_leader"])).content.decode()
-    assert f'href="{dashboard}"' in section
+    # The admin's index and the section list the dashboard (issue 28: the index did not),
+    # whose entry leads to it.
+    entry = reverse("admin:django_leader_leasedashboard_changelist")
+    for page in (reverse("admin:index"), reverse("admin:app_list", args=["django_leader"])):
+        assert f'href="{entry}"' in client.get(page).content.decode(), page
+    assert client.get(entry).url == dashboard
     listing = client.get(reverse("admin:django_leader_lease_changelist")).content.decode()
     assert f'href="{dashboard}"' in listing
+
+
+def test_a_schedule_two_periods_behind_while_a_leader_holds_is_flagged(
+    admin_client: Client, leader_store: Any
+) -> None:
+    from django_leader import lock
+    from django_leader.backends.slots import Slot
+
+    backend = leader_store
+    base = f"sched-{uuid.uuid4().hex[:10]}"
+    late, on_time = f"{base}-late", f"{base}-on-time"
+    schedule = {
+        "digest": {"task": "testproject.demoapp.jobs.tick", "every": 60},
+        "report": {"task": "testproject.demoapp.jobs.tick", "every": 3600},
+    }
+    now = backend.slots().now()
+    with (
+        override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, "TASKS_SCHEDULE": schedule}),
+        lock(late, backend=backend, ttl=60) as behind,
+        lock(on_time, backend=backend, ttl=60) as keeping_up,
+    ):
+        slots = backend.slots()
+        # "digest" every minute, last recorded three minutes ago: two slots fell due since.
+        minutes_ago = now - timedelta(minutes=3)
+        slots.claim(behind, Slot("digest", minutes_ago, behind.token, behind.holder, "t"))
+        # "report" every hour, last recorded three minutes ago: not even the next one is due.
+        slots.claim(behind, Slot("report", minutes_ago, behind.token, behind.holder, "t"))
+        slots.claim(keeping_up, Slot("digest", now, keeping_up.token, keeping_up.holder, "t"))
+        # A slot of something that is not in TASKS_SCHEDULE (a beat's entry): not judged.
+        slots.claim(keeping_up, Slot("celery-x", minutes_ago, keeping_up.token, "b", "t"))
+        html = admin_client.get(reverse(DASHBOARD), {"q": base}).content.decode()
+    shown = rows(html)
+    assert 'data-alert="behind"' in shown[late]
+    assert "digest: last slot recorded 3 min" in text(shown[late])
+    assert "report" not in text(shown[late])
+    assert "data-alert" not in shown[on_time]

@@ -751,6 +751,36 @@ def test_close_called_mid_tick_finishes_after_the_tick(beats: Any, sent: Sent, s
     assert store.read(lease_name) is None
 
 
+def test_a_sigterm_swallowed_under_a_tick_still_stops_the_beat(
+    beats: Any, sent: Sent, store: Any
+) -> None:
+    """Beat's SIGTERM handler calls close() and raises SystemExit wherever the main thread
+    is; inside a store call, kazoo's bare ``except:`` around its wake-up write swallowed that
+    SystemExit (seen in make test: a ZooKeeper beat ignored SIGTERM and held its lease,
+    sending nothing, until it was killed). The tick raises it again once it returns, and
+    beat's own close() after that releases the lease."""
+    app = beat_app("every-second")
+    scheduler = beats(app, "a")
+    inner = lead(scheduler)
+    lease_name = app.conf.beat_leader_lease
+    wrapped_tick = inner.tick
+
+    def tick_through_a_swallowing_driver(*args: Any, **kwargs: Any) -> Any:
+        try:
+            scheduler.close()  # beat's handler: service.sync(), then raise SystemExit()
+            raise SystemExit()
+        except:  # noqa: E722 - as kazoo.client.KazooClient._call does
+            pass
+        return wrapped_tick(*args, **kwargs)
+
+    inner.tick = tick_through_a_swallowing_driver
+    with pytest.raises(SystemExit):
+        scheduler.tick()
+    assert store.read(lease_name) is not None  # released by the close() after unwinding
+    scheduler.close()  # what beat's Service.start does on SystemExit
+    assert store.read(lease_name) is None
+
+
 @pytest.mark.parametrize("skew", [-3600, 3600], ids=["behind-1h", "ahead-1h"])
 def test_slot_times_are_the_stores_a_skewed_beat_clock_does_not_shift_the_schedule(
     beats: Any, sent: Sent, store: Any, skew: int

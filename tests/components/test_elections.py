@@ -37,7 +37,10 @@ from tests.support.stores import (
 )
 from tests.support.waiting import wait_until
 
-FAST: dict[str, Any] = {"ttl": 1.5, "renew_interval": 0.3, "retry_interval": 0.1}
+# Each store call bounded at 0.6 s: with ttl 1.5 s (calls bounded at 0.3 s) a newcomer's
+# announcements to Redis timed out for 10 s in a make test on a machine kept busy by
+# stress-ng --cpu 1, and it never joined the queue.
+FAST: dict[str, Any] = {"ttl": 3.0, "renew_interval": 0.6, "retry_interval": 0.2}
 WAIT = 10.0  # generous bound for anything that should happen "soon"
 
 # Every store, and MemoryBackend: for what a store decides (its registry's join order, its

@@ -13,6 +13,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import timedelta
 from typing import Any
@@ -31,7 +32,17 @@ from django_leader.election import Candidate
 from django_leader.lease import LossReason
 from django_leader.models import LeaseEvent
 from django_leader.testing import MemoryBackend, leader_backend
-from tests.support.stores import ROOT, child_env, history, store_settings, stores_db
+from tests.support.counting import round_trips
+from tests.support.stores import (
+    CACHE_STORES,
+    DATABASE_STORES,
+    ROOT,
+    child_env,
+    history,
+    open_store,
+    store_settings,
+    stores_db,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = stores_db
@@ -207,6 +218,36 @@ def test_status_of_all_lists_known_names(backend: Any, lease_name: str) -> None:
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows[lease_name]["holder"] == "alice"
+
+
+@pytest.fixture(params=[*DATABASE_STORES, *CACHE_STORES])
+def counted_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A backend of each store whose round trips ``round_trips()`` counts (ZooKeeper's
+    requests are sent without waiting for each other's answers: not round trips)."""
+    yield from open_store(request.param)
+
+
+def test_status_of_all_reads_many_names_in_a_few_round_trips(
+    counted_store: Any, lease_name: str
+) -> None:
+    """CI failure (stop 37): ``leader status`` read each name's lease, then its candidates,
+    one round trip each. With the thousands of names a test run leaves in the shared Redis,
+    it took 39 s, and the 30 s lease it was to show had expired by the time its turn came.
+    Now a batch of names per round trip: far fewer round trips than names (two per name
+    before), whatever else the store holds (SCAN still walks its keys, a few hundred each)."""
+    backend = counted_store
+    names = [f"{lease_name}-{i:04d}" for i in range(1000)]
+    for name in names:
+        assert backend.acquire(name, "alice", 300)[0] is not None
+    backend.announce(names[7], Candidate("bob"), 300)
+    with round_trips() as trips:
+        result = run(backend, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert {rows[name]["holder"] for name in names} == {"alice"}
+    if backend.candidates(names[7]) is not None:
+        assert rows[names[7]]["candidates"] == ["bob"]
+    assert len(trips) < len(rows) / 10, (len(trips), len(rows))
 
 
 def test_release_is_recorded_and_history_shows_it(backend: Any, lease_name: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -17,10 +17,11 @@ import pytest
 
 from django_leader import Elector, lock, session, signals
 from django_leader.backends.db import DatabaseBackend
+from django_leader.exceptions import BackendUnavailable
 from django_leader.lease import Lease, LossReason, clock
 from tests.support.counting import CountingBackend
 from tests.support.faults import FaultyBackend
-from tests.support.stores import open_store, stores_db
+from tests.support.stores import open_store, require, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = stores_db
@@ -187,6 +188,31 @@ def test_an_idle_session_ends_its_threads(
     )
 
 
+def watch_at_once(
+    backend: Any, lease_name: str, count: int, then: Callable[[], Any] = lambda: None
+) -> list[tuple[Any, Any]]:
+    """``count`` threads watch a name each, all at the same instant (like Electors
+    starting together): what each ``watch()`` gave, and what ``then()`` said right after
+    in the same thread."""
+    start = threading.Barrier(count)
+    got: list[tuple[Any, Any]] = []
+    guard = threading.Lock()
+
+    def watch(i: int) -> None:
+        start.wait()
+        made = backend.watch(f"{lease_name}-{i}", lambda: None)
+        seen = then()
+        with guard:
+            got.append((made, seen))
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    return got
+
+
 @pytest.fixture(params=["postgresql", "redis", "django-redis"])
 def pushing_backend(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A backend of each store that pushes wake-ups over a listening connection."""
@@ -199,21 +225,7 @@ def test_watchers_starting_together_share_one_listening_thread(
     """20 Electors starting at once each watch their name: one listening connection and
     thread for all of them (each made its own, when they raced to make the first)."""
     count = 20
-    start = threading.Barrier(count)
-    watches: list[Any] = []
-    guard = threading.Lock()
-
-    def watch(i: int) -> None:
-        start.wait()
-        made = pushing_backend.watch(f"{lease_name}-{i}", lambda: None)
-        with guard:
-            watches.append(made)
-
-    threads = [threading.Thread(target=watch, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(WAIT)
+    watches = [made for made, _ in watch_at_once(pushing_backend, lease_name, count)]
     try:
         assert len(watches) == count
         wait_until(lambda: all(made.live for made in watches), timeout=WAIT, message="never live")
@@ -222,6 +234,40 @@ def test_watchers_starting_together_share_one_listening_thread(
     finally:
         for made in watches:
             made.close()
+
+
+def test_watchers_of_a_database_keep_no_connection_of_their_own(
+    lease_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 Electors start at once in a process that has not yet connected to PostgreSQL:
+    each campaign thread watches its name, and the first watch connects to find out
+    whether a transaction pooler is in the way. No campaign thread keeps a connection
+    afterwards. Old code: every thread that watched before the first connection was made
+    kept its own for as long as it campaigned (CI: 12 Electors held a role's 12
+    connections, and no store call of the process could connect again)."""
+    from django_leader.backends.db import connection as private_connections
+
+    require("postgresql")
+    backend = DatabaseBackend("postgresql")
+    monkeypatch.delitem(private_connections._POOLED, "postgresql", raising=False)
+    count = 20
+    got = watch_at_once(
+        backend,
+        lease_name,
+        count,
+        then=lambda: backend._connection().connection is not None,  # this thread's own
+    )
+    watches = [made for made, _ in got]
+    kept = [keeps for _, keeps in got]
+    try:
+        assert len(kept) == count
+        assert sum(kept) == 0, f"{sum(kept)} of {count} watching threads kept a connection"
+        assert all(made is not None for made in watches)  # PostgreSQL pushes: LISTEN
+    finally:
+        for made in watches:
+            if made is not None:
+                made.close()
+        backend.close()
 
 
 def test_each_hung_batch_leaves_one_thread_behind(db_backend: Any, lease_name: str) -> None:
@@ -249,13 +295,13 @@ def test_each_hung_batch_leaves_one_thread_behind(db_backend: Any, lease_name: s
             # Whatever the loss queued has run on the session's worker.
             assert session.session(faulty) is found
             found.call(WAIT, lambda: None)
-            calls = found._calls
-            assert calls is not None
+            assert found._pool is not None
+            calls = found._pool.first
             assert calls.abandoned == i + 1, (calls.abandoned, i + 1)
     finally:
         faulty.unblock.set()
-    calls = found._calls
-    assert calls is not None
+    assert found._pool is not None
+    calls = found._pool.first
     assert calls._workers == hangs + 1, calls._workers
     wait_until(
         lambda: (
@@ -307,10 +353,131 @@ def test_a_session_that_ended_idle_is_never_used_again(
                 message="the elector stopped campaigning",
             )
             assert starts.count(first) == 1, "the session that ended idle was started again"
-            assert first._calls is None and first._thread is None
+            assert first._pool is None and first._thread is None
             assert not elector.is_leader
     finally:
         elector.stop()
         holder.close()
     session.close_all(WAIT)
     assert not [t.name for t in threading.enumerate() if t.name == "leader-session"]
+
+
+class SlowAcquire(FaultyBackend):
+    """A real store whose acquisitions take ``delay`` seconds longer, noting the thread
+    each ran on: calls that overlap show which threads ran them side by side."""
+
+    def __init__(self, real: Any, delay: float) -> None:
+        super().__init__(real)
+        self.delay = delay
+        self.threads: set[str] = set()
+
+    def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.delay)
+        return self.real.acquire(name, holder, ttl)
+
+
+def test_threads_locking_at_once_run_side_by_side_on_a_few_callers(
+    db_backend: Any, lease_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: eight threads taking distinct locks at once queued on the session's one
+    I/O thread and connection, one acquisition at a time (540 lock()/s on PostgreSQL with
+    eight threads). Now up to WORKERS (4) callers run them side by side, each a thread with
+    its own connection; one unused for IDLE seconds ends, and the metric hook is told how
+    many there are."""
+    from django_leader import callers, hooks
+
+    monkeypatch.setattr(callers, "IDLE", 0.5)
+    slow = SlowAcquire(db_backend, delay=0.3)
+    counts: list[float] = []
+
+    def observe(event: str, name: str, value: float) -> None:
+        if event == "store_callers" and name == repr(slow):
+            counts.append(value)
+
+    hooks.add_observer(observe)
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def take(i: int) -> None:
+        start.wait()
+        try:
+            with lock(f"{lease_name}-{i}", ttl=TTL, backend=slow) as lease:
+                assert lease.held
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert not errors, errors
+        ran_on = {name for name in slow.threads if name.startswith("leader-io:session")}
+        # Side by side (old code: all eight on leader-io:session#1), never more than four.
+        assert 2 <= len(ran_on) <= callers.WORKERS, sorted(slow.threads)
+        assert ran_on == slow.threads, slow.threads  # every one on an I/O thread, bounded
+        assert max(counts) == len(ran_on), counts
+        # Unused, the added callers end and close their connections; the first stays.
+        wait_until(lambda: counts[-1] == 1, timeout=WAIT, message=lambda: counts)
+        wait_until(
+            lambda: (
+                {t.name.split("#")[0] for t in threading.enumerate() if t.name in ran_on}
+                <= {"leader-io:session"}
+            ),
+            timeout=WAIT,
+            message=lambda: [t.name for t in threading.enumerate()],
+        )
+    finally:
+        hooks.remove_observer(observe)
+
+
+class HangingAcquire(SlowAcquire):
+    """The acquisitions of ``hang`` block until ``unblock`` is set."""
+
+    def __init__(self, real: Any, delay: float, hang: str) -> None:
+        super().__init__(real, delay)
+        self.hang = hang
+
+    def acquire(self, name: str, holder: str, ttl: float) -> tuple[Lease | None, Lease | None]:
+        if name == self.hang:
+            self.unblock.wait(60)
+        return super().acquire(name, holder, ttl)
+
+
+def test_a_call_hung_on_one_caller_holds_back_none_of_the_others(
+    db_backend: Any, lease_name: str
+) -> None:
+    """Four threads lock at once; one acquisition hangs (a frozen connection). Its
+    ``lock()`` fails within its bound, the three others are taken meanwhile on their own
+    callers, and the hung grant, answered late, is handed back rather than left held."""
+    hung = f"{lease_name}-0"
+    faulty = HangingAcquire(db_backend, delay=0.0, hang=hung)
+    start = threading.Barrier(4)
+    outcome: dict[int, Any] = {}
+
+    def take(i: int) -> None:
+        start.wait()
+        try:
+            with lock(f"{lease_name}-{i}", ttl=TTL, backend=faulty, timeout=0) as lease:
+                outcome[i] = lease.token
+        except Exception as exc:
+            outcome[i] = exc
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert all(isinstance(outcome[i], int) for i in (1, 2, 3)), outcome
+        assert isinstance(outcome[0], BackendUnavailable), outcome
+    finally:
+        faulty.unblock.set()
+    # The late grant is released at once (on_late), not held until it expires.
+    wait_until(
+        lambda: db_backend.read(hung) is None and db_backend.names().count(hung) == 1,
+        timeout=WAIT,
+        message=lambda: db_backend.read(hung),
+    )

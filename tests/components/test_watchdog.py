@@ -126,6 +126,13 @@ def test_stuck_work_keeps_the_lease_until_it_returns(
     acts = Acts()
     work = HangsThenActs(acts, "stuck")
     lost_called = threading.Event()
+    stuck_when_told: list[float | None] = []
+
+    def on_lost(lease: Lease) -> None:
+        # stuck_for counts from the term's end, which is before anyone hears of it.
+        stuck_when_told.append(first.stuck_for)
+        lost_called.set()
+
     first = start(
         electors,
         Elector(
@@ -133,7 +140,7 @@ def test_stuck_work_keeps_the_lease_until_it_returns(
             identity="stuck",
             backend=backend,
             watchdog=WATCHDOG,
-            on_lost=lambda lease: lost_called.set(),
+            on_lost=on_lost,
             **FAST,
         ),
         work,
@@ -157,9 +164,10 @@ def test_stuck_work_keeps_the_lease_until_it_returns(
         # The acceptance bound: the elector steps down within watchdog + RENEW_INTERVAL.
         assert lost_after <= WATCHDOG + RENEW, lost_after
         assert lost_called.wait(WAIT)
+        assert stuck_when_told[0] is not None, stuck_when_told
         assert not first.is_leader and first.lease is None
         stuck_for = first.stuck_for
-        assert stuck_for is not None and stuck_for >= 0
+        assert stuck_for is not None and stuck_for >= stuck_when_told[0]
         status, body = live_view(grace=0)
         assert status == 503, body
         # Anyone: the stuck name, not its identity (HEALTH_DETAILS names no "holder").

@@ -172,9 +172,19 @@ def proxied_store(
     if request.param != "redis":
         yield from proxied_database(request.param)
         return
-    require("redis", kind="cache")
     from django_leader.backends.cache import CacheBackend
 
+    proxy = proxied_redis(settings)
+    try:
+        yield CacheBackend("frozen-redis"), proxy
+    finally:
+        proxy.close()
+
+
+def proxied_redis(settings: Any) -> FreezingProxy:
+    """A FreezingProxy in front of the test Redis, and the cache alias ``frozen-redis``
+    on it (in ``settings``, pytest-django's fixture)."""
+    require("redis", kind="cache")
     real = settings.CACHES["redis"]
     host, port = real["LOCATION"].split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
     proxy = FreezingProxy(host, int(port))
@@ -186,10 +196,7 @@ def proxied_store(
             "KEY_PREFIX": "django_leader_test_frozen",
         },
     }
-    try:
-        yield CacheBackend("frozen-redis"), proxy
-    finally:
-        proxy.close()
+    return proxy
 
 
 def renewed(lease: Any) -> Callable[[], bool]:
@@ -213,6 +220,48 @@ def test_lock_does_not_hang_on_a_frozen_server(
     thread.join(WAIT)
     assert not thread.is_alive(), "lock() hung on a frozen server"
     assert len(outcome) == 1 and isinstance(outcome[0], (BackendUnavailable, LeaseHeld)), outcome
+
+
+def test_redis_lock_calls_in_its_own_thread_bounded_by_the_driver(
+    settings: Any, lease_name: str
+) -> None:
+    """A Redis backend whose driver bounds every call (its socket timeouts, 0.3 s here)
+    runs a lock's acquire and release in the lock's own thread, with no hand-off to the
+    session's store thread (issue 30: two hand-offs per lock() cost more than the round
+    trips). Frozen, the server makes lock() fail within the driver's bound all the same."""
+    from django_leader.backends.cache import CacheBackend
+
+    proxy = proxied_redis(settings)
+    store = CacheBackend("frozen-redis", timeout=0.3)
+    assert store.driver_bound == pytest.approx(0.9)
+    threads: list[str] = []
+    acquire, release = store.acquire, store.release
+
+    def noted(call: Callable[..., Any]) -> Callable[..., Any]:
+        def made(*args: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return call(*args)
+
+        return made
+
+    store.acquire, store.release = noted(acquire), noted(release)  # type: ignore[method-assign]
+    try:
+        with lock(lease_name, ttl=15, backend=store) as lease:
+            assert lease.held
+        assert threads == [threading.current_thread().name] * 2, threads
+        proxy.freeze()
+        started = time.monotonic()
+        with (
+            pytest.raises(BackendUnavailable),
+            lock(lease_name, ttl=15, blocking=False, backend=store),
+        ):
+            pass
+        # The driver's bound (a pool wait, a connect, the answer: 3 x 0.3 s), and slack
+        # for a loaded machine; the lock's own bound would be 13.5 s.
+        assert time.monotonic() - started < 0.9 + 2.0
+    finally:
+        proxy.close()
+        store.close()
 
 
 def test_acquisition_given_up_then_answered_late_is_handed_back(

@@ -31,6 +31,7 @@ from django_leader import BackendUnavailable, LeadershipLost
 from django_leader.backends.db import FENCE_FLOOR, DatabaseBackend
 from django_leader.lease import Lease, clock
 from django_leader.models import LeaseEvent
+from tests.support import procfs
 from tests.support.stores import DATABASE_STORES, require, stores_db
 from tests.support.waiting import wait_until
 
@@ -144,8 +145,7 @@ class Holder:
             assert event["ev"] != "eof", f"holder ended before {ev!r}; stderr:\n{self.stderr()}"
 
     def stopped(self) -> bool:
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] == "T"
+        return procfs.state(f"/proc/{self.proc.pid}/stat") == "T"
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")[-3000:]

@@ -25,7 +25,7 @@ from tests.support.pgbouncer import PgBouncer, unavailable
 from tests.support.stores import allow_database, require_postgresql, stores_db
 from tests.support.waiting import returns_within
 
-pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
+pytestmark = [stores_db, pytest.mark.xdist_group("replicated"), pytest.mark.topology]
 
 ALIAS = "pooled"
 TTL = 3.0

@@ -23,7 +23,7 @@ from django_leader.exceptions import BackendUnavailable
 from tests.chaos.stores import server_dir
 from tests.support.pg_topology import Cluster, unavailable
 from tests.support.stores import allow_database, require_postgresql, stores_db
-from tests.support.tls import certificate
+from tests.support.tls import certificate, leases_work
 
 pytestmark = [stores_db]
 
@@ -114,12 +114,7 @@ def test_leases_over_tls(
     tls_postgres: Cluster, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = configure(tls_postgres, settings, monkeypatch, "require")
-    name = f"tls-{uuid.uuid4().hex[:8]}"
-    lease, _ = backend.acquire(name, "alice", 5.0)
-    assert lease is not None
-    assert backend.renew(lease, 5.0) is not None
-    assert backend.read(name).holder == "alice"
-    assert backend.release(lease)
+    leases_work(backend)
     # Every connection to the lease database is encrypted (the server accepts no other).
     clients = tls_postgres.query(
         "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "

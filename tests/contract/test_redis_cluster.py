@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.test import override_settings
 
 from django_leader import BackendUnavailable
@@ -31,7 +32,7 @@ from tests.support.waiting import wait_until
 
 #: A group of their own: beside the other replicated stores' (one topology at a time
 #: there), not behind them.
-pytestmark = [stores_db, pytest.mark.xdist_group("cluster")]
+pytestmark = [stores_db, pytest.mark.xdist_group("cluster"), pytest.mark.topology]
 
 TTL = 3.0
 WAIT = 30.0
@@ -49,18 +50,27 @@ def cluster(tmp_path: Path) -> Iterator[ClusterTopology]:
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterTopology]:
-    """A cluster the contract's tests share, never broken; handed out once it has been up
-    for longer than the contract's longest ttl (30 s). Until then, a slot's first lease
-    waits for the lock-delay from the cluster's start: its nodes may have been restarted
-    without persistence, for all the backend knows."""
+    """A cluster the contract's tests share, never broken, marked new by
+    ``RedisBackend.initialize()`` (``manage.py leader init``): without its markers, a
+    slot's first lease would wait for the lock-delay from the cluster's start, as its nodes
+    may have been restarted without persistence for all the backend knows. The contract's
+    tests take names in any slot at once, so each slot's marker must be there."""
+    from django_leader.backends.redis import RedisBackend
+
     for found in started(tmp_path_factory.mktemp("cluster")):
-        wait_until(lambda: uptime(found) > 31, timeout=60, interval=1.0)  # noqa: B023
+        with override_settings(CACHES={**django_settings.CACHES, "cluster": cluster_cache(found)}):
+            store = RedisBackend("cluster")
+            assert store.initialize()
+            assert not store.initialize()  # every marker there already
+            store.close()
         yield found
 
 
-def uptime(cluster: ClusterTopology) -> int:
-    """Seconds since the node started last of the cluster's started."""
-    return min(int(node.client().info("server")["uptime_in_seconds"]) for node in cluster.nodes)
+def cluster_cache(cluster: ClusterTopology) -> dict[str, str]:
+    return {
+        "BACKEND": "django_leader.backends.redis.RedisClusterCache",
+        "LOCATION": ",".join(f"redis://{node}" for node in cluster.startup_nodes),
+    }
 
 
 class TestTheContractOnACluster(BackendContract, RetentionContract):
@@ -71,10 +81,7 @@ class TestTheContractOnACluster(BackendContract, RetentionContract):
     def backend(self, settings: Any, shared_cluster: ClusterTopology) -> Iterator[Any]:
         from django_leader.backends.redis import RedisBackend
 
-        settings.CACHES = {**settings.CACHES, "cluster": {
-            "BACKEND": "django_leader.backends.redis.RedisClusterCache",
-            "LOCATION": ",".join(f"redis://{node}" for node in shared_cluster.startup_nodes),
-        }}  # fmt: skip
+        settings.CACHES = {**settings.CACHES, "cluster": cluster_cache(shared_cluster)}
         store = RedisBackend("cluster")
         yield store
         store.close()
@@ -289,3 +296,58 @@ def test_check_warns_where_a_failover_could_lose_a_lease(
     assert ids(0) == ["django_leader.W020"]
     assert ids(1) == []
     assert ids(2) == ["django_leader.W021"]
+
+
+def test_a_slot_migrating_mid_term_is_followed_by_ask_then_moved(
+    cluster: ClusterTopology, configure: Any
+) -> None:
+    """Resharding: the lease's slot moves to another master while alice holds the lease.
+    While it migrates (its keys already on the new master, the slot not yet handed over)
+    the old master answers ASK, and calls are sent on with ASKING; once the slot is handed
+    over, MOVED. alice renews throughout: her lease came with the keys. The store marker
+    came too, written by another server process: the first acquisition on the new master
+    cannot tell a migration from a restart, so the slot's new grants wait out a lock-delay
+    (conservative: nothing was lost). The next term's token is greater."""
+    from redis.crc import key_slot
+
+    configure(wait=1)
+    store, name = backend(), f"reshard-{uuid.uuid4().hex[:8]}"
+    held, _ = first_grant(store, name, "alice")
+    key = store.keys(name)[0]
+    slot = key_slot(key.encode())
+    source = cluster.master_of(key)
+    target = next(
+        cluster.node(port)
+        for port, info in cluster.layout().items()
+        if info["role"] == "master" and port != source.port
+    )
+    source_id = source.client().execute_command("CLUSTER MYID")
+    target_id = target.client().execute_command("CLUSTER MYID")
+    target.client().execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+    source.client().execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+    keys = source.client().execute_command("CLUSTER GETKEYSINSLOT", slot, 100)
+    assert len(keys) >= 3, keys  # the lease, its meta, the slot's store marker
+    source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+
+    # Answered ASK by the source, run on the target with ASKING.
+    renewed = store.renew(held, TTL)
+    assert renewed is not None and renewed.token == held.token
+
+    def marker() -> list[Any]:  # on the importing master: a read needs ASKING there
+        pipe = target.client().pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.hmget(store.store_key(name), "run_id", "fence")
+        return list(pipe.execute()[1])
+
+    written_by, _ = marker()
+    assert store.acquire(name, "bob", TTL)[0] is None  # held; the marker starts the delay
+    noticed_by, fence = marker()
+    assert noticed_by != written_by and int(fence) > 0  # taken for a loss: a lock-delay
+    for node in (target, source):
+        node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    again = store.renew(renewed, TTL)  # answered MOVED by the source
+    assert again is not None and again.token == held.token
+    assert target.client().hget(key, "holder") == b"alice"
+    assert store.release(again)
+    taken, _ = first_grant(store, name, "bob")  # once the lock-delay has passed
+    assert taken.token > held.token

@@ -10,7 +10,6 @@ the Celery broker from under anything else using it.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ import pytest
 from django.test import override_settings
 
 from django_leader import BackendUnavailable, Elector
-from tests.support.redis_server import answers_ping
-from tests.support.stores import REQUIRE_SERVICES, answered, history, stores_db
+from tests.support.redis_server import RedisServer
+from tests.support.stores import answered, history, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = stores_db
@@ -33,6 +32,8 @@ CLIENTS = {
 }
 WAIT = 15.0
 TTL = 2.0
+#: A ttl (so a lock-delay) longer than a private server has been up when a test acquires.
+NEW_STORE_TTL = 120.0
 
 
 def acquire_when_allowed(backend: Any, name: str, holder: str, ttl: float = TTL) -> Any:
@@ -44,47 +45,6 @@ def acquire_when_allowed(backend: Any, name: str, holder: str, ttl: float = TTL)
         return acquired
 
     return wait_until(taken, timeout=WAIT, message=f"{name} was never free to take")
-
-
-class RedisServer:
-    """``redis-server`` on a free port, keeping nothing on disk, as the machine's Redis."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            reason = "redis-server is not installed"
-            if REQUIRE_SERVICES:
-                pytest.fail(f"required service missing: {reason}")
-            pytest.skip(reason)
-        self.binary = binary
-        self.workdir = workdir
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, dbfilename: str = "dump.rdb") -> None:
-        """Start; with the snapshot ``dbfilename`` in the work directory loaded, if any."""
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--dbfilename", dbfilename],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        wait_until(self.answers, timeout=WAIT, message="redis-server did not start")
-
-    def answers(self) -> bool:
-        """True if the server answers PING."""
-        return answers_ping(self.port)
-
-    def crash(self) -> None:
-        """SIGKILL: what a crash or an OOM kill does; nothing is saved."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.crash()
 
 
 @pytest.fixture(params=list(CLIENTS))
@@ -276,3 +236,68 @@ def test_no_two_electors_lead_when_redis_forgets(
     finally:
         for elector in electors:
             elector.stop(timeout=WAIT)
+
+
+def test_a_redis_marked_new_by_leader_init_is_used_at_once_and_a_flushed_one_still_waits(
+    restartable: tuple[RedisServer, Any], lease_name: str
+) -> None:
+    """Issue 28, item 3: the first lock on a Redis never used for leases waited out the
+    whole lock-delay. Without the marker it cannot tell new from forgotten; ``leader init``
+    says it is new. A flush afterwards is still a loss."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    _server, backend = restartable
+    out = StringIO()
+    call_command("leader", "init", stdout=out)
+    assert out.getvalue().strip() == "wrote the store marker: the first lock will not wait"
+    # A server started just now, and a lock-delay longer than it has been up: only the
+    # marker lets this acquisition through.
+    held, _ = backend.acquire(lease_name, "alice", NEW_STORE_TTL)
+    assert held is not None
+    assert backend.release(held)
+    out = StringIO()
+    call_command("leader", "init", stdout=out)
+    assert out.getvalue().strip() == "the store marker was there already: nothing to do"
+
+    backend.client.flushdb()
+    assert backend.acquire(lease_name, "bob", TTL) == (None, None)  # the lock-delay
+    assert acquire_when_allowed(backend, lease_name, "bob").token > held.token
+
+
+def test_the_first_migrate_marks_a_new_redis_and_a_later_one_does_not(
+    restartable: tuple[RedisServer, Any], lease_name: str, tmp_path: Path
+) -> None:
+    """Issue 28, item 3: ``migrate`` creating django-leader's tables is a new deployment,
+    so it marks the store as new; a later ``migrate`` (every deploy runs one) must not,
+    or it would hide a loss."""
+    import os
+    import sys
+
+    server, backend = restartable
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "DJANGO_LEADER_SQLITE": str(tmp_path / "new.sqlite3"),
+        "DJANGO_LEADER_EXTRA_DATABASES": "0",
+        "REDIS_URL": f"redis://127.0.0.1:{server.port}/0",
+        "DJANGO_LEADER_REDIS_PREFIX": "",  # the fixture's cache has no prefix either
+        "DJANGO_LEADER_BACKEND": "django_leader.backends.redis.RedisBackend",
+        "DJANGO_LEADER_CACHE": "redis",
+    }
+    env.pop("DATABASE_URL", None)
+
+    def migrate() -> None:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+            cwd=Path(__file__).resolve().parents[2], env=env, check=True, timeout=120,
+        )  # fmt: skip
+
+    migrate()
+    held, _ = backend.acquire(lease_name, "alice", NEW_STORE_TTL)
+    assert held is not None  # at once, on a server started just now
+    assert backend.release(held)
+    backend.client.flushdb()
+    migrate()  # the tables are there: nothing to mark
+    assert backend.acquire(lease_name, "bob", TTL) == (None, None)

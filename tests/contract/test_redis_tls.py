@@ -18,6 +18,7 @@ import pytest
 from django.test import override_settings
 
 from django_leader.exceptions import BackendUnavailable
+from tests.support.ports import free_port
 from tests.support.stores import REQUIRE_SERVICES
 from tests.support.tls import certificate
 from tests.support.waiting import wait_until
@@ -52,9 +53,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
             pytest.fail("required service missing: redis-server is not installed")
         pytest.skip("redis-server is not installed")
     keystore, cert = certificate(tmp_path, "redis")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
          "--tls-cert-file", str(cert), "--tls-key-file", str(keystore),

@@ -33,7 +33,7 @@ from tests.support.stores import (
 )
 from tests.support.waiting import returns_within, wait_until
 
-pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
+pytestmark = [stores_db, pytest.mark.xdist_group("replicated"), pytest.mark.topology]
 
 TTL = 3.0
 WAIT = 60.0

@@ -33,7 +33,7 @@ from tests.support.redis_topology import first_grant as grant
 from tests.support.stores import answered, stores_db
 from tests.support.waiting import wait_until
 
-pytestmark = [stores_db, pytest.mark.xdist_group("replicated")]
+pytestmark = [stores_db, pytest.mark.xdist_group("replicated"), pytest.mark.topology]
 
 TTL = 3.0
 WAIT = 30.0

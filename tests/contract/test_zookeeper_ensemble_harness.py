@@ -20,7 +20,7 @@ skip_without_kazoo()
 from kazoo.client import KazooClient  # noqa: E402
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError  # noqa: E402
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.topology]
 
 WAIT = 30.0
 PATH = "/harness/znode"

@@ -45,7 +45,7 @@ from tests.support.zookeeper_server import (
 skip_without_kazoo()
 
 # They start JVMs, as the process tests start processes.
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.topology]
 
 TTL = 2.0
 RENEW = 0.5

@@ -54,8 +54,8 @@ EVERY = 1.0
 TAKEOVER_BOUND = TTL + RETRY + 1.0
 #: A released lease is taken within one retry; 1 s for the rest.
 HANDOVER_BOUND = RETRY + 1.0
-#: Slots observed before the first failover.
-STEADY_SLOTS = 20
+#: Slots observed before the first failover (as many renewals of the first leader).
+STEADY_SLOTS = 8
 #: Longest gap between two slots of one leader that is not a lost slot: generous, for a
 #: loaded machine (the interval is 1 s).
 STEADY_GAP = 2.5
@@ -780,7 +780,11 @@ def test_singleton_past_its_hard_time_limit_frees_its_lock_at_once(
             message="the lock outlived the time limit",
         )
         assert time.monotonic() - started < 20 < 60  # released, not expired (ttl 60 s)
-        assert singleton_time_limited.apply_async((run, 0), queue=queue).get(timeout=30) is not None
+        # The next execution takes the lock. (Its own hard limit is not what is tested: the
+        # pool's new process connects to the store first, which took longer than the task's
+        # 2 s once on a loaded CI machine with ZooKeeper.)
+        again = singleton_time_limited.apply_async((run, 0), queue=queue, time_limit=30)
+        assert again.get(timeout=30) > held.token
     finally:
         store.close()
 

@@ -72,6 +72,36 @@ def test_the_first_migrate_does_not_warn_of_the_tables_it_creates(new_project: P
     assert (checked.returncode, checked.stdout) == (0, NO_ISSUES)
 
 
+def test_runleader_and_the_beat_stop_with_the_fix_when_the_tables_are_missing(
+    new_project: Path,
+) -> None:
+    """Issue 28, item 5: before ``migrate``, ``runleader`` and ``celery beat`` logged a
+    failed campaign every RETRY_INTERVAL for ever. They now stop at once, saying W002's
+    message and its fix."""
+    ran = run(new_project, "runleader", "job", "--", "sleep", "30")
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    (said,) = [line for line in ran.stderr.splitlines() if line.startswith("CommandError")]
+    assert "django_leader_lease" in said and "missing in database 'default'" in said, said
+    assert "Run `manage.py migrate django_leader --database default`." in said
+    assert "campaign" not in ran.stderr  # it never campaigned
+
+    (new_project / SITE / "celery.py").write_text(
+        "from celery import Celery\n\n"
+        f"app = Celery({SITE!r})\n"
+        'app.config_from_object("django.conf:settings", namespace="CELERY")\n'
+    )
+    beat = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", SITE, "beat", "-S",
+         "django_leader.celery:LeaderScheduler", "--loglevel", "INFO"],
+        cwd=new_project, capture_output=True, text=True, timeout=60,
+        env={**user_env(new_project), "DJANGO_SETTINGS_MODULE": f"{SITE}.settings"},
+    )  # fmt: skip
+    output = beat.stdout + beat.stderr
+    assert beat.returncode != 0, output
+    assert "missing in database 'default'" in output, output
+    assert "campaign for" not in output
+
+
 @pytest.fixture
 def new_project(tmp_path: Path) -> Path:
     """A fresh project with django_leader in INSTALLED_APPS, nothing else configured."""

@@ -32,6 +32,10 @@ TTL, RENEW, RETRY, GRACE = 3.0, 0.5, 0.3, 1.0
 TIMING = ["--ttl", str(TTL), "--renew-interval", str(RENEW), "--retry-interval", str(RETRY)]
 WAIT = 15.0
 STORES = ["sqlite", "postgresql", "mysql", "redis", "zookeeper"]
+#: How runleader supervises its payload (exit codes, back-off, grace, signals to the guard)
+#: does not depend on the store: those tests run on a database and on Redis, the others
+#: (a leader killed, stopped or frozen, and the takeover through the store) on every store.
+supervision = pytest.mark.parametrize("store", ["sqlite", "redis"], indirect=True)
 #: An environment variable that marks the processes of one Fleet, and those they start.
 FLEET_MARK = "DJANGO_LEADER_TEST_FLEET"
 
@@ -275,6 +279,7 @@ def test_sigstop_parent_alone_child_stopped_before_new_child(
     assert "lost lease" in fleet.log(leader), fleet.log(leader)
 
 
+@supervision
 def test_call_that_ignores_lost_exits_nonzero_without_early_release(
     fleet: Fleet, lease_name: str
 ) -> None:
@@ -289,6 +294,7 @@ def test_call_that_ignores_lost_exits_nonzero_without_early_release(
     assert "released" not in [event[0] for event in history(fleet.backend, lease_name)]
 
 
+@supervision
 def test_call_that_obeys_stops_and_releases(fleet: Fleet, lease_name: str) -> None:
     proc, out = fleet.start_call("obedient", lease_name)
     wait_started(out)
@@ -313,6 +319,7 @@ while True:
 """
 
 
+@supervision
 def test_sigterm_gives_the_child_its_grace_period(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -335,6 +342,7 @@ def test_sigterm_gives_the_child_its_grace_period(
     assert fleet.backend.read(lease_name) is None  # released after the child stopped
 
 
+@supervision
 def test_call_that_raises_releases_and_backs_off(fleet: Fleet, lease_name: str) -> None:
     proc, out = fleet.start_call("failing", lease_name)
     marker = "raised; releasing the lease, campaigning again in "
@@ -355,6 +363,7 @@ def test_call_that_raises_releases_and_backs_off(fleet: Fleet, lease_name: str) 
     assert tokens == sorted(set(tokens))  # a new term each time, released in between
 
 
+@supervision
 def test_crash_looping_child_releases_and_backs_off(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -376,6 +385,7 @@ def test_crash_looping_child_releases_and_backs_off(
     assert kinds()[:4] == ["acquired", "released", "acquired", "released"]
 
 
+@supervision
 def test_on_exit_exit_returns_the_childs_status(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -402,12 +412,11 @@ def test_on_exit_exit_returns_the_childs_status(
         (["--grace", "-1", "--", "true"], "--grace must be 0 or more"),
     ],
 )
-def test_bad_usage_exits_2_with_one_line(
-    db_alias: str, lease_name: str, args: list[str], message: str
-) -> None:
+def test_bad_usage_exits_2_with_one_line(lease_name: str, args: list[str], message: str) -> None:
+    """Refused before any store is touched (the default database here)."""
     from django_leader.backends.db import DatabaseBackend
 
-    backend = DatabaseBackend(db_alias)
+    backend = DatabaseBackend("default")
     result = subprocess.run(
         [sys.executable, "manage.py", "runleader", lease_name, *args],
         cwd=ROOT,
@@ -446,6 +455,7 @@ def test_beat_without_app_finds_the_projects_celery_module() -> None:
     assert project_celery_app() == "testproject.celery"
 
 
+@supervision
 def test_call_ending_with_leadership_lost_is_no_crash(fleet: Fleet, lease_name: str) -> None:
     proc, out = fleet.start_call("checking", lease_name)
     wait_started(out)
@@ -470,6 +480,7 @@ def test_beat_without_app_and_no_celery_module_is_a_usage_error(
     assert raised.value.returncode == 2
 
 
+@supervision
 def test_beat_runs_only_while_elected_and_stops_on_sigterm(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -501,6 +512,7 @@ def test_beat_runs_only_while_elected_and_stops_on_sigterm(
     assert fleet.backend.read(lease_name) is None
 
 
+@supervision
 def test_on_exit_restart_backs_off_and_keeps_the_lease(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -539,6 +551,7 @@ def parent_of(pid: int) -> int:
         return int(stat.read().rpartition(")")[2].split()[1])
 
 
+@supervision
 def test_sigkill_of_the_guard_kills_the_payload_before_another_starts(
     fleet: Fleet, lease_name: str, tmp_path: Path
 ) -> None:
@@ -605,6 +618,7 @@ def test_sigkill_of_runleader_kills_a_payload_deaf_to_sigterm_by_the_deadline(
             os.kill(first[0], signal.SIGKILL)
 
 
+@supervision
 def test_a_kept_lease_is_not_released_by_a_later_stop(store: Any, lease_name: str) -> None:
     """runleader's work thread, unable to confirm a payload gone, stops without releasing;
     a SIGTERM the main loop turns into a plain stop just after must not undo that (the

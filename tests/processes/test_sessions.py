@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import procfs
 from tests.support.cluster import spawn
 from tests.support.sandboxes import STORE_IDS, Sandbox, open_sandbox
 
@@ -133,11 +134,7 @@ class Proc:
 
     def state(self) -> str:
         """The process state letter from /proc (``T`` when stopped)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return "gone"
-        return stat.rsplit(")", 1)[1].split()[0]
+        return procfs.state(f"/proc/{self.pid}/stat")
 
     def finish(self) -> int:
         """Close its stdin (it releases what it holds and exits); its exit status."""
@@ -541,8 +538,11 @@ def test_electors_and_locks_of_a_process_share_one_renewal(counted: Sandbox, pro
     its campaign, ``leader-elector:<name>``, and while it leads its work,
     ``leader-work:<name>``. Every other thread of django-leader — renewal, store I/O,
     wake-ups, history — is shared by all the leases of the process: at most 4, however many
-    Electors and locks hold leases. All 120 leases are still held two renewal intervals
-    later."""
+    Electors and locks hold leases, and the I/O threads that run the calls of holders that
+    call at the same time (20 campaigns: up to ``callers.WORKERS - 1`` more, each with its
+    connection, docs/api.md). All 120 leases are still held two renewal intervals later."""
+    from django_leader import callers
+
     prefix = f"sess-{uuid.uuid4().hex[:8]}"
     holder = procs.holder()
     elected = holder.request(
@@ -568,9 +568,10 @@ def test_electors_and_locks_of_a_process_share_one_renewal(counted: Sandbox, pro
         f"leader-{kind}:{name}" for name in elected["names"] for kind in ("elector", "work")
     }
     shared = [name for name in status["leader_threads"] if name not in per_elector]
-    assert len(shared) <= MAX_LEADER_THREADS, (
+    most = MAX_LEADER_THREADS + callers.WORKERS - 1
+    assert len(shared) <= most, (
         f"{len(shared)} leader- threads besides the Electors' own campaign and work threads "
-        f"(at most {MAX_LEADER_THREADS}): kinds {sorted(set(n.split(':')[0] for n in shared))}, "
+        f"(at most {most}): kinds {sorted(set(n.split(':')[0] for n in shared))}, "
         f"e.g. {shared[:6]}"
     )
     not_leading = [name for name, leads in status["electors"].items() if not leads]

@@ -27,9 +27,11 @@ from __future__ import annotations
 import doctest
 import email
 import fcntl
+import json
 import os
 import re
 import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -39,7 +41,9 @@ import time
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,10 +62,11 @@ from tests.support.newcomer import (
 )
 from tests.support.stores import REQUIRE_SERVICES
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.newcomer]
 
 TUTORIAL = Page(ROOT / "docs" / "tutorial.md")
 HOWTO = Page(ROOT / "docs" / "howto" / "ha-beat.md")
+TASKS_HOWTO = Page(ROOT / "docs" / "howto" / "django-tasks.md")
 README = (ROOT / "README.md").read_text()
 
 #: The tutorial's timing (its settings block shows the defaults).
@@ -102,16 +107,40 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp: Path) -> dict[str, Path]:
-    """The sdist and the wheel of this checkout (``python -m build``, as ``make dist``)."""
-    require("package index", unreachable(package_index(), 443))
-    out = tmp / "dist"
-    # One build at a time: python -m build stages the sdist in the checkout itself, and two
-    # pytest workers building at once clobbered each other's staging directory.
-    lock_path = Path(tempfile.gettempdir()) / f"django-leader-build-{os.getuid()}.lock"
-    with open(lock_path, "w") as lock_file:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory the pytest workers of this run share (the run's own without xdist): the
+    distributions and the virtualenv are made once per run, not once per worker (four
+    builds and four virtualenvs at once took a minute of each worker's setup)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tutorial-shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock between the pytest workers (``flock`` of ``path``)."""
+    with open(path, "w") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
-        succeed(run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], ROOT, ENV))
+        yield
+
+
+@pytest.fixture(scope="module")
+def dist(shared: Path) -> dict[str, Path]:
+    """The sdist and the wheel of this checkout (``python -m build``, as ``make dist``),
+    built once per run."""
+    require("package index", unreachable(package_index(), 443))
+    out = shared / "dist"
+    # One build at a time: python -m build stages the sdist in the checkout itself, and two
+    # runs building at once clobbered each other's staging directory.
+    lock_path = Path(tempfile.gettempdir()) / f"django-leader-build-{os.getuid()}.lock"
+    with locked(shared / "dist.lock"), locked(lock_path):
+        if not list(out.glob("*.whl")):
+            staging = shared / "dist.staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            succeed(run([sys.executable, "-m", "build", "--outdir", str(staging), str(ROOT)],
+                        ROOT, ENV))  # fmt: skip
+            staging.rename(out)
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")
     return {"sdist": sdist, "wheel": wheel}
@@ -122,13 +151,23 @@ ENV = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 @pytest.fixture(scope="module")
-def venv(tmp: Path, dist: dict[str, Path]) -> Path:
-    """A fresh virtualenv with the wheel and the extras of the tutorial's ``pip install``."""
-    path = tmp / "venv"
-    succeed(run([sys.executable, "-m", "venv", str(path)], tmp, ENV))
-    (command,) = TUTORIAL.section("1.").of("console")[0].commands()
-    succeed(run(from_wheel(command, dist["wheel"]), tmp, clean_environment(path)))
-    return path
+def venv(shared: Path, tmp: Path, dist: dict[str, Path]) -> Iterator[Path]:
+    """A fresh virtualenv with the wheel and the extras of the tutorial's ``pip install``,
+    made once per run. A test that installs more into it (a how-to's ``pip install``) does
+    so under :func:`venv_lock`."""
+    path = shared / "venv"
+    with venv_lock(shared):
+        if not (path / "ready").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            succeed(run([sys.executable, "-m", "venv", str(path)], tmp, ENV))
+            (command,) = TUTORIAL.section("1.").of("console")[0].commands()
+            succeed(run(from_wheel(command, dist["wheel"]), tmp, clean_environment(path)))
+            (path / "ready").touch()
+    yield path
+
+
+def venv_lock(shared: Path) -> Any:
+    return locked(shared / "venv.lock")
 
 
 def from_wheel(command: str, wheel: Path) -> list[str]:
@@ -187,6 +226,13 @@ def test_the_distributions_pass_twine_check_and_say_what_ci_tests(dist: dict[str
     # The README tells how to install this very wheel before the first release.
     assert f'pip install "dist/{dist["wheel"].name}[' in README
     assert "celery-redis" in (meta.get_all("Provides-Extra") or [])
+    # Issue 28, item 2: "celery,redis", the phrase everyone types, brings what kombu's Redis
+    # transport imports (the tutorial installs it: its Redis beats and worker run on it).
+    requires = meta.get_all("Requires-Dist") or []
+    assert any(r.startswith("packaging") and 'extra == "redis"' in r for r in requires), requires
+    assert TUTORIAL.section("1.").of("console")[0].commands() == [
+        'pip install "django-leader[celery,redis]"'
+    ]
 
 
 # -- the tutorial's project -----------------------------------------------------------------
@@ -464,7 +510,8 @@ def test_howto_two_beats_with_django_celery_beat(
     require("Redis broker", unreachable(broker_url(site), 6379))
     try:
         (command,) = install.commands()
-        succeed(run(from_wheel(command, dist["wheel"]), site.dir, site.env))
+        with venv_lock(venv.parent):
+            succeed(run(from_wheel(command, dist["wheel"]), site.dir, site.env))
         for block in settings:
             site.apply(block)
         outcomes = [succeed(site.run(command)) for command in migrate_and_check.commands()]
@@ -495,3 +542,84 @@ def _split(commands: list[str]) -> tuple[str, list[str]]:
     worker, *beats = commands
     assert " worker " in worker and len(beats) == 2 and all(" beat " in c for c in beats)
     return worker, beats
+
+
+# -- the django.tasks how-to ----------------------------------------------------------------
+def test_howto_django_tasks_one_worker_runs_the_singleton_and_the_other_says_it_skipped(
+    venv: Path, tmp: Path, dist: dict[str, Path]
+) -> None:
+    """docs/howto/django-tasks.md's install and "Try it" on a new ``mysite``: its ``pip
+    install`` (issue 28, item 1: it once left out django-tasks-db, then the settings left out
+    its app), its settings and task, two enqueues of one key and two ``db_worker``. One
+    execution runs; the other skips, and its worker says so (it once said nothing)."""
+    steps = TASKS_HOWTO.section("Install")
+    install, migrate_command, try_it = steps.of("console")
+    settings_block, task_file = steps.of("python")
+    site = Site(venv, tmp / "tasks")
+    try:
+        (command,) = install.commands()
+        with venv_lock(venv.parent):
+            succeed(run(from_wheel(command, dist["wheel"]), site.dir, site.env))
+        site.apply(settings_block)
+        site.apply(task_file)
+        (command,) = migrate_command.commands()
+        succeed(site.run(command))
+        enqueue, *workers = try_it.commands()
+        assert workers == ["python manage.py db_worker"] * 2, workers
+        succeed(site.run(enqueue))
+        started = [site.start(f"db_worker-{n}", command) for n, command in enumerate(workers)]
+
+        def results() -> list[tuple[str, Any]]:
+            with sqlite3.connect(site.dir / "db.sqlite3") as db:
+                (table,) = db.execute(
+                    "SELECT name FROM sqlite_master WHERE name LIKE '%\\_dbtaskresult' ESCAPE '\\'"
+                ).fetchone()
+                rows = db.execute(f"SELECT status, return_value FROM {table}").fetchall()
+            return [(status, json.loads(value) if value else None) for status, value in rows]
+
+        wait_until(
+            lambda: [s for s, _ in results()] == ["SUCCESSFUL"] * 2, 60, "both executions", site
+        )
+        values = sorted((value for _, value in results()), key=lambda v: v is None)
+        assert isinstance(values[0], int) and values[1] is None, values  # the token; skipped
+        steps.says("prints `build_report skipped: …`")
+        said = [worker for worker in started if "build_report skipped: " in worker.log()]
+        assert len(said) == 1, site.describe()
+        assert "singleton:report-2026-11-27" in said[0].log()
+    finally:
+        site.close()
+
+
+# -- the README's quickstart -----------------------------------------------------------------
+def test_readme_quickstart_in_a_new_project(venv: Path, tmp: Path) -> None:
+    """The README's Quickstart as written (issue 28: its code once named a model and
+    functions it never defined): its settings and module in a new ``mysite``, ``migrate``,
+    the lock's transcript, then ``lead()`` on two hosts, the leader killed with ``kill -9``
+    and the other taking over."""
+    section = Page(ROOT / "README.md").section("Quickstart")
+    site = Site(venv, tmp / "quickstart")
+    try:
+        for block in section.of("python"):
+            if block.path:  # the settings and the module; the sketches after them are not
+                site.apply(block)
+        migrate, sessions = section.of("console")[:2]
+        for command in migrate.commands():
+            succeed(site.run(command))
+        (imported, shown), (lead, led) = sessions.transcript()
+        printed = succeed(site.run(imported)).stdout.splitlines()
+        # Django 5.2's shell first counts what it imported for you: not the README's output.
+        assert [line for line in printed if line and "automatically" not in line] == shown
+        assert led == ["leading with token 1"], led
+        first = site.start("lead-1", lead)
+        first.wait_log(r"leading with token 1\b", 10 + SLACK)
+        second = site.start("lead-2", lead)
+        section.says("the others wait and take over within `LEASE_TTL + RETRY_INTERVAL`")
+        time.sleep(1.0)
+        assert "leading with token" not in second.log(), site.describe()
+        killed = first.kill()
+        # Its first line comes one wait(10) after it is elected.
+        second.wait_log(r"leading with token 2\b", TTL + RETRY + 10 + SLACK)
+        assert time.time() - killed <= TTL + RETRY + 10 + SLACK
+        assert "Traceback" not in second.log(), site.describe()
+    finally:
+        site.close()

@@ -44,7 +44,7 @@ from tests.support.zookeeper_server import (
 skip_without_kazoo()
 from kazoo.client import KazooClient  # noqa: E402
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.topology]
 
 RENEW = 0.5
 RETRY = 0.2

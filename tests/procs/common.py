@@ -120,6 +120,22 @@ def make_backend() -> Backend:
     return backend
 
 
+def elector_options() -> dict[str, Any]:
+    """The Elector options of a scheduler instance (``tests/support/scheduler_runs.py``):
+    the lease ``DL_MP_LEASE``, the timing ``DL_MP_TTL``/``RENEW``/``RETRY``, the identity,
+    the store, and ``elected``/``lost`` reported."""
+    return {
+        "name": os.environ["DL_MP_LEASE"],
+        "ttl": float(os.environ["DL_MP_TTL"]),
+        "renew_interval": float(os.environ["DL_MP_RENEW"]),
+        "retry_interval": float(os.environ["DL_MP_RETRY"]),
+        "identity": os.environ["DL_MP_IDENTITY"],
+        "backend": make_backend(),
+        "on_elected": lambda lease: emit("elected", token=lease.token),
+        "on_lost": lambda lease: emit("lost", token=lease.token),
+    }
+
+
 def clock() -> float:
     """``django_leader.lease.clock()`` (importable before Django is set up)."""
     if hasattr(time, "CLOCK_BOOTTIME"):

@@ -34,6 +34,7 @@ from django_leader.backends.cache import CacheBackend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.backends.zookeeper import ZooKeeperBackend
 from django_leader.models import LeaseEvent
+from tests.support import procfs
 from tests.support.stores import CACHE_STORES, DATABASE_STORES, require, zookeeper_backend
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,11 +125,7 @@ class Child:
 
     def state(self) -> str:
         """The process state letter from /proc (``T`` when stopped)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return "gone"
-        return stat.rsplit(")", 1)[1].split()[0]
+        return procfs.state(f"/proc/{self.pid}/stat")
 
     def kill(self) -> None:
         """SIGKILL (which also ends a stopped process) and reap."""

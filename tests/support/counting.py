@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django_leader.backends.base import Backend, Watch
-from django_leader.election import Candidate
+from django_leader.election import Candidate, Mode
 from django_leader.lease import Lease, clock
 
 
@@ -136,6 +136,12 @@ class CountingBackend(Backend):
         with self._note("candidates"):
             return self.real.candidates(name)
 
+    def next_in_line(
+        self, name: str, mode: Mode | str, *, holder: str | None = None
+    ) -> Candidate | None:
+        with self._note("next_in_line"):
+            return self.real.next_in_line(name, mode, holder=holder)
+
     def watch(
         self, name: str, callback: Callable[[], None], *, identity: str | None = None
     ) -> Watch | None:
@@ -170,3 +176,31 @@ class CountingBackend(Backend):
 
     def close(self) -> None:
         self.real.close()
+
+
+@contextmanager
+def round_trips() -> Iterator[list[str]]:
+    """Every round trip to a database or to Redis made in this process meanwhile, in any
+    thread, one entry each: a statement's SQL, or ``"redis"`` for a command or a pipeline
+    sent."""
+    from unittest import mock
+
+    from django.db.backends.utils import CursorWrapper
+    from redis.connection import AbstractConnection
+
+    trips: list[str] = []
+    execute, send = CursorWrapper.execute, AbstractConnection.send_packed_command
+
+    def executed(self: Any, sql: str, params: Any = None) -> Any:
+        trips.append(sql)
+        return execute(self, sql, params)
+
+    def sent(self: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append("redis")
+        return send(self, *args, **kwargs)
+
+    with (
+        mock.patch.object(CursorWrapper, "execute", executed),
+        mock.patch.object(AbstractConnection, "send_packed_command", sent),
+    ):
+        yield trips

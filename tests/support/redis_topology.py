@@ -14,23 +14,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.support.ports import free_port
+
 #: Milliseconds without an answer after which a Sentinel deems the primary down.
 DOWN_AFTER_MS = 1000
 #: Seconds a topology may take to start, or a failover to complete.
 TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def unavailable() -> str | None:
@@ -194,6 +189,25 @@ class SentinelTopology:
             if int(master.get("num-other-sentinels", 0)) < len(self.sentinels) - 1:
                 return False
         return True
+
+    def settled(self) -> bool:
+        """Every live Sentinel names one primary, deems it up and runs no failover of it.
+        (A primary promoted just now may be deemed down by another Sentinel whose PING it
+        was slow to answer, which then fails it over again: with a 1 s down-after on a
+        loaded machine, a second failover followed one second after the first.)"""
+        named = set()
+        for sentinel in self.sentinels:
+            if not sentinel.alive:
+                continue
+            state = sentinel.client(1.0).sentinel_master(self.service)
+            flags = set(str(state.get("flags", "")).split(","))
+            if flags & {"failover_in_progress", "s_down", "o_down", "promoted"}:
+                return False
+            named.add(int(state["port"]))
+        return len(named) == 1
+
+    def await_settled(self, timeout: float = TIMEOUT) -> None:
+        _wait(self.settled, "the Sentinels settled on one primary", timeout)
 
     # -- faults -------------------------------------------------------------------------------
     def await_failover(self, old: int, timeout: float = TIMEOUT) -> int:

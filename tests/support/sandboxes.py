@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 from django.conf import settings
 
 from testproject.services import DEFAULT_URLS, UNAVAILABLE
+from tests.support.ports import free_port
 from tests.support.redis_server import answers_ping
 from tests.support.stores import forget_zookeeper_root, require_zookeeper, unavailable
 
@@ -223,9 +223,7 @@ class Sandbox:
         binary = shutil.which("redis-server")
         if binary is None:
             unavailable("redis: redis-server is not installed")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.tmp_path)],

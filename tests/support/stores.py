@@ -123,7 +123,7 @@ def open_store(store_id: str) -> Iterator[Any]:
     if store_id == "zookeeper":
         store = zookeeper_backend()
         yield store
-        store.flush_history(10)
+        assert store.flush_history(10), "history events still unwritten 10 s after the test"
         store.shutdown()
         return
     if store_id in DATABASE_STORES:
@@ -137,7 +137,9 @@ def open_store(store_id: str) -> Iterator[Any]:
         require(CACHE_STORES[store_id], kind="cache")
         store = CacheBackend(CACHE_STORES[store_id])
     yield store
-    store.flush_history(10)
+    # Before pytest-django flushes the history table: a writer still writing then would race
+    # the flush ("database is locked" on SQLite).
+    assert store.flush_history(10), "history events still unwritten 10 s after the test"
     store.close()
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,3 +29,13 @@ def certificate(directory: Path, name: str) -> tuple[Path, Path]:
     both = directory / f"{name}-keystore.pem"
     both.write_text(key.read_text() + cert.read_text())
     return both, cert
+
+
+def leases_work(backend: Any) -> None:
+    """A lease taken, renewed, read and released through ``backend`` (over TLS)."""
+    name = f"tls-{uuid.uuid4().hex[:8]}"
+    lease, _ = backend.acquire(name, "alice", 5.0)
+    assert lease is not None
+    assert backend.renew(lease, 5.0) is not None
+    assert backend.read(name).holder == "alice"
+    assert backend.release(lease)

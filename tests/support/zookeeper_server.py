@@ -19,7 +19,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import TypeVar
 import pytest
 
 from testproject.services import four_letter_word, zookeeper_mode
+from tests.support import procfs
+from tests.support.ports import free_ports
 from tests.support.stores import REQUIRE_SERVICES, unavailable
 from tests.support.waiting import wait_until
 
@@ -98,20 +99,6 @@ def new_root(hosts: str) -> str:
     return root
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (all held open until all are found)."""
-    probes = []
-    try:
-        for _ in range(count):
-            probe = socket.socket()
-            probe.bind(("127.0.0.1", 0))
-            probes.append(probe)
-        return [probe.getsockname()[1] for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
-
-
 class _Node:
     """One ZooKeeper JVM: its configuration file, data directory and log in ``workdir``."""
 
@@ -164,8 +151,27 @@ class _Node:
         _RUNNING.add(self.proc)
 
     def signal(self, signum: int) -> None:
+        """Send ``signum``; after SIGSTOP, wait until every thread of the JVM has stopped
+        (kill(2) returns before a thread running on another core is stopped: a request
+        sent at once could still be answered)."""
         assert self.proc is not None and self.running, "not running"
         self.proc.send_signal(signum)
+        if signum == signal.SIGSTOP:
+            wait_until(
+                self.threads_stopped,
+                timeout=WAIT,
+                message=lambda: f"{self.workdir.name} did not stop",
+            )
+
+    def threads_stopped(self) -> bool:
+        """Whether every thread of the process is stopped (state T in /proc)."""
+        assert self.proc is not None
+        states = [
+            procfs.state(thread / "stat")
+            for thread in Path(f"/proc/{self.proc.pid}/task").iterdir()
+        ]
+        live = [state for state in states if state != "gone"]  # a thread may have ended
+        return bool(live) and all(state in ("T", "t") for state in live)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (a paused server is woken to receive it), then SIGKILL after ``timeout``."""

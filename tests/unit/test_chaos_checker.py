@@ -234,6 +234,21 @@ def test_a_leader_that_blocks_its_own_loop_and_acts_on_led_all_along() -> None:
     assert checks(lost) == {"liveness": 1}
 
 
+def test_a_pause_between_two_acts_of_one_term_is_no_time_without_a_leader() -> None:
+    # Found by the PgBouncer run on a loaded machine: the pooler back at 1 s, the leader
+    # acts on, pauses 0.52 s at 3.4 s (its loop did not run) and acts on with its token:
+    # it led all along, the store's recovery took 0 s, not 2.9 s.
+    records = [*term("A", 1, 0.0, 3.4), fault("pgbouncer-crash", 0.5, ready=1.0),
+               *acts("A", 1, 3.92, 8.0)]  # fmt: skip
+    assert checks(records) == {}
+    (recovery,) = checker.check(records, PARAMS).recoveries
+    assert recovery.seconds == 0.0
+    # A pause that ends with another holder is a time without a leader, as before.
+    records = [*term("A", 1, 0.0, 3.4), fault("pgbouncer-crash", 0.5, ready=1.0),
+               *term("B", 2, 6.0, 8.0)]  # fmt: skip
+    assert checks(records) == {"liveness": 1}
+
+
 def test_no_leader_until_the_end_of_the_run_is_flagged() -> None:
     records = [*term("A", 1, 0.0, 5.0), fault("kill", 5.02), {"ev": "run", "t": 20.0}]
     assert checks(records) == {"liveness": 1}

@@ -10,7 +10,13 @@ One module a concern: ``backend`` (the store), ``leases``, ``batch``, ``registry
 
 from .backend import DatabaseBackend
 from .fence import FENCE_FLOOR
-from .migrations import migration_state
+from .migrations import migration_state, require_tables
 from .recycling import close_unusable_connections
 
-__all__ = ["FENCE_FLOOR", "DatabaseBackend", "close_unusable_connections", "migration_state"]
+__all__ = [
+    "FENCE_FLOOR",
+    "DatabaseBackend",
+    "close_unusable_connections",
+    "migration_state",
+    "require_tables",
+]

@@ -18,6 +18,7 @@ from django.db.utils import InterfaceError, OperationalError
 from ...exceptions import BackendUnavailable, LeadershipLost
 from ...lease import Lease, clock
 from .dialect import Dialect
+from .recycling import driver_error, interrupted
 from .socket_bound import SocketBound
 
 #: The least time, in seconds, a fenced transaction is given by the server before it is
@@ -83,12 +84,18 @@ def bounded_transaction(alias: str, dialect: Dialect, lease: Lease) -> Iterator[
                 f"database {alias!r}: this fenced transaction committed on the primary "
                 f"alone ({said}); a failover may lose it: whether it lasts is not known"
             )
-    except (OperationalError, InterfaceError):
-        # The connection may be dead (the server restarted, killed it, or ended this
-        # transaction): a new one for the next call.
-        if outermost:
+    except (DjangoDBError, driver_error(alias)) as exc:
+        # Raised in the clean-up of a stop request (a signal handler's exception in the
+        # middle of a statement or the COMMIT), the error must not replace it.
+        hidden = interrupted(exc, alias)
+        if outermost and (hidden is not None or isinstance(exc, OperationalError | InterfaceError)):
+            # The connection may be dead (the server restarted, killed it, or ended this
+            # transaction) or still busy with the interrupted statement: a new one for the
+            # next call.
             with suppress(DjangoDBError):
                 connection.close()
+        if hidden is not None:
+            raise hidden from None
         raise
     finally:
         call_off()

@@ -8,6 +8,7 @@ test and the new expiry use the database server's clock, never this process's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from ...conf import lock_delay
@@ -273,6 +274,16 @@ def read(tables: LeaseTables, name: str) -> Lease | None:
     """The unexpired lease on ``name``, or None."""
     with tables.cursor(atomic=False) as cursor:
         return tables.current(cursor, name)
+
+
+def read_many(tables: LeaseTables, names: Sequence[str], batch: int = 500) -> list[Lease | None]:
+    """:func:`read` of each of ``names``, one statement per ``batch`` names."""
+    with tables.cursor(atomic=False) as cursor:
+        return [
+            lease
+            for start in range(0, len(names), batch)
+            for lease in tables.current_of(cursor, names[start : start + batch])
+        ]
 
 
 def names(tables: LeaseTables) -> list[str]:

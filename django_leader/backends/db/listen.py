@@ -95,6 +95,7 @@ class DatabaseWakeups:
         self.timeout = timeout
         self._hub: WakeHub | None = None
         self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
+        self._probe_lock = threading.Lock()  # one connection finds out about a pooler
 
     def watch(self, name: str, callback: Callable[[], None], identity: str | None) -> Watch | None:
         """Call ``callback`` when the channel of ``name`` (or of ``identity``) is notified;
@@ -102,14 +103,30 @@ class DatabaseWakeups:
         if self.tables.dialect.notify is None:
             return None
         if pooled(self.tables.alias) is None:
-            with suppress(BackendUnavailable), self.tables.cursor(atomic=False):
-                pass  # connecting tells whether a transaction pooler is in the way
+            self._find_out_pooled()
         if pooled(self.tables.alias):
             return None  # LISTEN needs a session of its own: candidates poll
         hub = self._wake_hub()
         if hub is None:
             return None
         return hub.watch_lease(self.tables.channel_prefix, name, identity, callback)
+
+    def _find_out_pooled(self) -> None:
+        """Connect once, so that the connection tells whether a transaction pooler is in
+        the way. The caller is a campaign's or a ``lock()`` caller's thread, not a store
+        worker: it keeps no connection of its own afterwards (twenty Electors starting
+        together would otherwise hold twenty connections for as long as they campaign),
+        and one thread at a time asks (the others wait for its answer)."""
+        with self._probe_lock:
+            if pooled(self.tables.alias) is not None:
+                return
+            connected_before = self.tables.connect().connection is not None
+            try:
+                with suppress(BackendUnavailable), self.tables.cursor(atomic=False):
+                    pass
+            finally:
+                if not connected_before:
+                    self.tables.disconnect()
 
     def wake(self, name: str, identity: str | None = None) -> None:
         """Notify the channel of ``name`` (or of ``identity``), where the database can."""

@@ -35,3 +35,32 @@ def close_unusable_connections() -> None:
     """:func:`close_if_unusable` for each connection this thread has opened."""
     for connection in connections.all(initialized_only=True):
         close_if_unusable(connection.alias)
+
+
+def driver_error(alias: str) -> type[Exception]:
+    """The DB-API ``Error`` of database ``alias``'s driver (psycopg, MySQLdb, sqlite3): what
+    a driver call raises where Django does not wrap it (a cursor closed after a failure)."""
+    error: type[Exception] = connections[alias].Database.Error
+    return error
+
+
+def interrupted(error: BaseException, alias: str) -> BaseException | None:
+    """What the database error ``error`` hid, if anything: the exception that was on its
+    way up when ``error`` was raised in the clean-up after it (a rollback, autocommit set
+    back, on a connection left busy), unless that one is a database error too.
+
+    A signal handler that raises (Celery beat's SystemExit, KeyboardInterrupt, RQ's
+    StopRequested) may do so in the middle of a driver's call, a COMMIT included; Django's
+    ``atomic()`` then sets autocommit back on a connection still busy with it, and that
+    error replaces the stop request: retried, or turned into ``BackendUnavailable``, the
+    stop was lost. ``alias``: the database ``error`` came from.
+    """
+    database_errors = (DjangoDBError, driver_error(alias))
+    seen: set[int] = set()
+    cause = error.__context__
+    while cause is not None and id(cause) not in seen:
+        if not isinstance(cause, database_errors):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None

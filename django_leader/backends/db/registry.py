@@ -4,6 +4,7 @@ candidate of a name, kept by heartbeats (announce) and expiring without them."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from ...election import Candidate
 from ...exceptions import BackendUnavailable
@@ -64,25 +65,47 @@ def withdraw(tables: LeaseTables, name: str, identity: str) -> None:
 
 def candidates(tables: LeaseTables, name: str) -> list[Candidate] | None:
     """The live candidates of ``name``, in the order they joined."""
+    return candidates_many(tables, [name])[0]
+
+
+def candidates_many(
+    tables: LeaseTables, names: Sequence[str], batch: int = 500
+) -> list[list[Candidate] | None]:
+    """The live candidates of each of ``names``, in the order they joined: one statement
+    per ``batch`` names."""
+    found: dict[str, list[Candidate]] = {name: [] for name in names}
     with tables.cursor(atomic=False) as cursor:
-        cursor.execute(
-            "SELECT identity, priority, host, pid, version, id, joined_at, seen_at, "
-            f"expires_at FROM {tables.candidates} "
-            f"WHERE name = %s AND expires_at > {tables.dialect.now()} ORDER BY id",
-            [name],
-        )
-        rows = cursor.fetchall()
-    return [
-        Candidate(
-            identity=identity,
-            priority=int(priority),
-            host=host,
-            pid=int(pid),
-            version=version,
-            seq=int(seq),
-            joined_at=aware(joined),
-            seen_at=aware(seen),
-            expires_at=aware(expires),
-        )
-        for identity, priority, host, pid, version, seq, joined, seen, expires in rows
-    ]
+        for start in range(0, len(names), batch):
+            among, params = tables.dialect.among(names[start : start + batch])
+            cursor.execute(
+                "SELECT name, identity, priority, host, pid, version, id, joined_at, seen_at, "
+                f"expires_at FROM {tables.candidates} "
+                f"WHERE name {among} AND expires_at > {tables.dialect.now()} ORDER BY id",
+                params,
+            )
+            for (
+                name,
+                identity,
+                priority,
+                host,
+                pid,
+                version,
+                seq,
+                joined,
+                seen,
+                expires,
+            ) in cursor.fetchall():
+                found[name].append(
+                    Candidate(
+                        identity=identity,
+                        priority=int(priority),
+                        host=host,
+                        pid=int(pid),
+                        version=version,
+                        seq=int(seq),
+                        joined_at=aware(joined),
+                        seen_at=aware(seen),
+                        expires_at=aware(expires),
+                    )
+                )
+    return [found[name] for name in names]

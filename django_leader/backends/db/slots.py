@@ -26,7 +26,7 @@ from ...exceptions import BackendUnavailable
 from ...lease import Lease
 from ..slots import Slot, SlotStore
 from .dialect import Dialect, aware
-from .recycling import close_if_unusable
+from .recycling import close_if_unusable, driver_error, interrupted
 
 logger = logging.getLogger("django_leader.celery")
 
@@ -63,7 +63,11 @@ class DatabaseSlots(SlotStore):
             used = connection.connection
             try:
                 return fn()
-            except DatabaseError as exc:
+            except (DatabaseError, driver_error(self.alias)) as exc:
+                hidden = interrupted(exc, self.alias)
+                if hidden is not None:  # a stop request, say: not a failure to retry
+                    close_if_unusable(self.alias)
+                    raise hidden from None
                 # An open connection that this failure showed dead — closed, or already
                 # replaced, by the failed transaction's rollback, or found unusable now:
                 # once more, on a new one.

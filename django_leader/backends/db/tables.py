@@ -12,8 +12,9 @@ from django.db import connections
 from django.db.utils import Error as DjangoDBError
 
 from ...exceptions import BackendUnavailable, StoreBusy
-from ...lease import EventKind, Lease
+from ...lease import EventKind, HistoryEvent, Lease
 from .dialect import Dialect, aware
+from .recycling import driver_error, interrupted
 
 #: The columns of a lease row, in the order :meth:`LeaseTables.row` reads them.
 COLUMNS = (
@@ -31,6 +32,11 @@ COLUMNS = (
 def _connected(wrapper: Any) -> Any:
     wrapper.ensure_connection()
     return wrapper
+
+
+#: History rows inserted by one statement (8 parameters each: under SQLite's oldest limit
+#: of 999 parameters).
+EVENTS_PER_INSERT = 100
 
 
 class LeaseTables:
@@ -61,7 +67,7 @@ class LeaseTables:
         #: Seconds a call may take (the server's statement timeout; see
         #: :meth:`Dialect.bounded_call`).
         self.timeout = timeout
-        self._disconnect = disconnect
+        self.disconnect = disconnect
         ops = connections[alias].ops
         self.leases = ops.quote_name(LeaseRow._meta.db_table)
         self.events = ops.quote_name(LeaseEvent._meta.db_table)
@@ -96,14 +102,17 @@ class LeaseTables:
                         wrapper.commit()
             except BaseException:
                 if atomic:
-                    with suppress(DjangoDBError):
+                    with suppress(DjangoDBError, driver_error(self.alias)):
                         wrapper.rollback()
                 raise
             finally:
                 if atomic and wrapper.connection is not None:
                     wrapper.set_autocommit(True)
-        except DjangoDBError as exc:
-            self._disconnect()  # reconnect on the next call
+        except (DjangoDBError, driver_error(self.alias)) as exc:
+            self.disconnect()  # reconnect on the next call
+            hidden = interrupted(exc, self.alias)
+            if hidden is not None:  # a stop request, say: not the store's failure
+                raise hidden from None
             message = str(exc).strip() or type(exc).__name__
             hint = self.dialect.busy_hint(connections[self.alias])
             if not hint and self.dialect.busy(exc):  # another's write, not this thread's
@@ -116,6 +125,11 @@ class LeaseTables:
             ):
                 message += " (did you run `manage.py migrate django_leader`?)"
             raise BackendUnavailable(f"database {self.alias!r}: {message}") from exc
+        except BaseException:
+            # Cut short (a signal handler's stop request, say): the connection may still be
+            # busy with the statement, and is dropped, not rolled back.
+            self.disconnect()
+            raise
 
     def row(self, row: Sequence[Any] | None) -> Lease | None:
         """The :class:`Lease` of a row read with :attr:`select` (None: no row)."""
@@ -148,17 +162,25 @@ class LeaseTables:
 
     def current(self, cursor: Any, name: str) -> Lease | None:
         """The unexpired lease on ``name`` with ``read_at`` (the server's clock), or None."""
+        return self.current_of(cursor, [name])[0]
+
+    def current_of(self, cursor: Any, names: Sequence[str]) -> list[Lease | None]:
+        """:meth:`current` of each of ``names`` (as many as a statement takes), in order,
+        in one statement."""
         now = self.dialect.now()
+        among, params = self.dialect.among(names)
         cursor.execute(
             f"SELECT {self.select}, {now} FROM {self.leases} "
-            f"WHERE name = %s AND holder <> '' AND expires_at > {now}",
-            [name],
+            f"WHERE name {among} AND holder <> '' AND expires_at > {now}",
+            params,
         )
-        row = cursor.fetchone()
-        lease = self.row(row)
-        if lease is not None:
-            lease.read_at = aware(row[-1])
-        return lease
+        found = {}
+        for row in cursor.fetchall():
+            lease = self.row(row)
+            if lease is not None:
+                lease.read_at = aware(row[-1])
+                found[lease.name] = lease
+        return [found.get(name) for name in names]
 
     def insert_event(
         self,
@@ -171,26 +193,29 @@ class LeaseTables:
         at: datetime | None = None,
     ) -> None:
         """Insert one history row, stamped ``at`` (default: the database server's now)."""
-        # Only an acquisition names the holder before it (the one whose lease expired).
-        taken = kind in (EventKind.ACQUIRED, EventKind.TAKEN_OVER)
-        previous = lease.previous_holder if taken else ""
-        params = [
-            lease.name,
-            str(kind),
-            lease.holder,
-            lease.token,
-            previous,
-            detail[:1000],
-            actor[:255],
-        ]
-        if at is None:
-            stamp = self.dialect.now()
-        else:
-            stamp = "%s"
-            params.insert(5, self.connect().ops.adapt_datetimefield_value(at))
-        cursor.execute(
-            f"INSERT INTO {self.events} "
-            "(name, kind, holder, token, previous_holder, at, detail, actor) "
-            f"VALUES (%s, %s, %s, %s, %s, {stamp}, %s, %s)",
-            params,
-        )
+        self.insert_events(cursor, [HistoryEvent(kind, lease, at, detail, actor)])
+
+    def insert_events(self, cursor: Any, events: Sequence[HistoryEvent]) -> None:
+        """Insert a history row for each of ``events``, :data:`EVENTS_PER_INSERT` rows per
+        statement (one round trip each, not one per row)."""
+        for start in range(0, len(events), EVENTS_PER_INSERT):
+            rows, params = [], []
+            for event in events[start : start + EVENTS_PER_INSERT]:
+                lease = event.lease
+                # Only an acquisition names the holder before it (whose lease expired).
+                taken = event.kind in (EventKind.ACQUIRED, EventKind.TAKEN_OVER)
+                params += [lease.name, str(event.kind), lease.holder, lease.token]
+                params.append(lease.previous_holder if taken else "")
+                if event.at is None:
+                    stamp = self.dialect.now()
+                else:
+                    stamp = "%s"
+                    params.append(self.connect().ops.adapt_datetimefield_value(event.at))
+                params += [event.detail[:1000], event.actor[:255]]
+                rows.append(f"(%s, %s, %s, %s, %s, {stamp}, %s, %s)")
+            cursor.execute(
+                f"INSERT INTO {self.events} "
+                "(name, kind, holder, token, previous_holder, at, detail, actor) "
+                f"VALUES {', '.join(rows)}",
+                params,
+            )

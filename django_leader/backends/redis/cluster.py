@@ -24,9 +24,10 @@ SLOTS = 16384
 
 
 @lru_cache(maxsize=1)
-def _slot_tags() -> tuple[str, ...]:
+def slot_tags() -> tuple[str, ...]:
     """For each hash slot, the shortest decimal string that hashes to it (about 0.2 s to
-    find them all, once per process, only on a cluster)."""
+    find them all, once per process, only on a cluster): the store markers of a whole
+    cluster are under these."""
     from redis.crc import key_slot
 
     tags: list[str | None] = [None] * SLOTS
@@ -46,7 +47,7 @@ def slot_tag(key: str) -> str:
     its own puts every key in the prefix's slot, this one's too.)"""
     from redis.crc import key_slot
 
-    return _slot_tags()[key_slot(key.encode())]
+    return slot_tags()[key_slot(key.encode())]
 
 
 class LazyCluster:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
+from django_leader.backends.base import NEW_STORE_HINT
 from django_leader.backends.redis.store import (
     NotConfirmed,
     RedisStore,
@@ -22,6 +25,17 @@ from django_leader.exceptions import BackendUnavailable
 from django_leader.lease import EventKind, Lease
 
 logger = logging.getLogger("django_leader")
+
+
+#: What the acquire script's lost flag (its 11th answer) says of the store: "1" its run
+#: or replication id changed under its marker, "2" the marker itself is missing.
+LOST_STATE = {
+    "1": "has lost state (restarted, restored or failed over)",
+    "2": (
+        "has no store marker: it lost its state (flushed, restarted without persistence, "
+        "failed over) or was never used for leases"
+    ),
+}
 
 
 class RedisLeases(RedisStore):
@@ -50,13 +64,16 @@ class RedisLeases(RedisStore):
                 with contextlib.suppress(BackendUnavailable):
                     self.release(taken)
             raise
-        if text(reply[10]) == "1":
+        lost = text(reply[10])
+        cause = LOST_STATE.get(lost)
+        if cause is not None:
             logger.warning(
-                "redis cache %r has lost state (flushed, restarted, restored or failed over): "
-                "no lease on it may be taken for the lock-delay of %.1fs, so that every "
-                "holder that could still believe it leads has stepped down",
+                "redis cache %r %s. No lease on it may be taken for the lock-delay of %.1fs, so "
+                "that every holder that could still believe it leads has stepped down.%s",
                 self.alias,
+                cause,
                 delay,
+                f" {NEW_STORE_HINT}" if lost == "2" else "",
             )
         if int(reply[0]) == 0:
             if not text(reply[1]):
@@ -113,7 +130,15 @@ class RedisLeases(RedisStore):
         return lease
 
     def read(self, name: str) -> Lease | None:
-        reply = self._call(self._read, name)
+        return self._read_lease(name, self._call(self._read, name))
+
+    def read_many(self, names: Sequence[str]) -> list[Lease | None]:
+        """One pipeline per 1,000 names (:meth:`read`'s script each)."""
+        replies = self._call_each(self._read, names, parts=("lease", "meta"))
+        return [self._read_lease(name, reply) for name, reply in zip(names, replies, strict=True)]
+
+    def _read_lease(self, name: str, reply: Any) -> Lease | None:
+        """The lease a read script answered, with ``read_at``, or None."""
         lease = self._lease(name, reply)
         if lease is not None:
             lease.read_at = to_time(reply[9])
@@ -133,6 +158,17 @@ class RedisLeases(RedisStore):
             raise self.unavailable(exc) from exc
         return sorted(found)
 
+    def initialize(self) -> bool:
+        """Write the store marker where it is missing, with no lock-delay (see
+        :meth:`Backend.initialize <django_leader.backends.base.Backend.initialize>`): on a
+        cluster, the marker of every slot, 1,000 per pipeline. True if any was written."""
+        calls = [[1, key] for key in self.store_keys()]
+        written = 0
+        for start in range(0, len(calls), 1000):
+            replies = self.pipelined(self._initialize, calls[start : start + 1000], durable=True)
+            written += sum(int(reply) for reply in replies)
+        return written > 0
+
     def prune(self, unused_for: timedelta, *, batch: int = 500) -> int:
         """Forget the names unused for ``unused_for`` by the server's clock: their meta
         hash, candidates, beat slot records and entry in the terms, each by a script that
@@ -144,7 +180,11 @@ class RedisLeases(RedisStore):
         for start in range(0, len(names), batch):
             calls = []
             for name in names[start : start + batch]:
-                keys = [*self.keys(name, parts), self.terms_key(name)]
+                keys = [
+                    *self.keys(name, parts),
+                    self.terms_key(name),
+                    *self.keys(name, ("corder",)),
+                ]
                 calls.append([len(keys), *keys, cutoff, name])
             replies = self.pipelined(self._prune, calls, durable=False)
             forgotten += sum(int(reply) for reply in replies)

@@ -24,7 +24,8 @@ local store = redis.call('HMGET', KEYS[3], 'run_id', 'epoch', 'fence')
 local epoch = store[2]
 local fence = tonumber(store[3]) or 0
 local lost = false
-if not store[1] then
+local missing = not store[1]
+if missing then
   -- The marker is gone: FLUSHDB/FLUSHALL, a restart without persistence, a deletion by
   -- hand, a failover to a replica that never had it, or a store (on a cluster: a slot)
   -- never used before. Without a flush since the server started, and on a server never
@@ -62,16 +63,28 @@ if lost then
 end
 """
 
+# KEYS[1]: a store marker. Writes it, with no lock-delay, if it is missing (``initialize``:
+# a store never used before). Returns 1 if it wrote it, 0 if it was there.
+INITIALIZE = (
+    NOW
+    + r"""
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+redis.call('HSET', KEYS[1], 'run_id', run_id, 'epoch', str(now), 'fence', '0')
+return 1
+"""
+)
+
 # KEYS: lease, meta, store, terms. ARGV: holder, ttl_ms, name, lock_delay_ms. Returns {acquired
 # (0/1), holder, token, acquired_at, renewed_at, expires_at, transitions, previous_holder,
 # previous_released, lock-delay left in microseconds (0 if none), 1 if this call noticed a
-# loss that starts a lock-delay}.
+# loss that starts a lock-delay (2: the marker was missing)}.
 ACQUIRE = (
     NOW
     + STORE
     + """
 local lost_flag = '0'
-if lost and fence > now then lost_flag = '1' end
+if lost and fence > now then lost_flag = missing and '2' or '1' end
 local current = redis.call('HMGET', KEYS[1], 'holder', 'token', 'acquired_at', 'renewed_at',
                            'expires_at')
 if current[1] then
@@ -247,11 +260,13 @@ if not current[1] or current[1] == '' then return {0, str(now)} end
 
 # The candidate registry. KEYS: candidates (a sorted set: identity -> expiry in server
 # microseconds), info (a hash: identity -> JSON of priority, host, pid, version, seq,
-# joined, seen, expires), seq (a counter of joins, the queue order). Expired candidates are
-# dropped on the way.
+# joined, seen, expires), seq (a counter of joins, the queue order), order (a sorted set:
+# identity -> seq, the queue in join order, so that its head is read without the rest).
+# Expired candidates are dropped on the way.
 DROP_EXPIRED = """
 for _, who in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', str(now))) do
   redis.call('HDEL', KEYS[2], who)
+  redis.call('ZREM', KEYS[4], who)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', str(now))
 """
@@ -265,6 +280,7 @@ ANNOUNCE = (
 if ARGV[2] == '' then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
   return 0
 end
 local info = cjson.decode(ARGV[3])
@@ -282,7 +298,8 @@ info.seen = str(now)
 info.expires = str(expires)
 redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(info))
 redis.call('ZADD', KEYS[1], str(expires), ARGV[1])
-for _, key in ipairs({KEYS[1], KEYS[2]}) do
+redis.call('ZADD', KEYS[4], info.seq, ARGV[1])
+for _, key in ipairs({KEYS[1], KEYS[2], KEYS[4]}) do
   if redis.call('PTTL', key) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', key, ARGV[2])
   end
@@ -307,7 +324,36 @@ return found
 """
 )
 
-# Retention (RedisBackend.prune). KEYS: lease, meta, candidates, cinfo, cseq, beat, terms.
+# KEYS: candidates, info, seq, order. ARGV: the holder ('' for none). The first live
+# candidate in join order but the holder: identity, JSON; or nothing. Reads the head of the
+# order and drops the entries it finds gone (expired, withdrawn by an older version), so
+# that its cost does not grow with the queue.
+NEXT_IN_LINE = (
+    NOW
+    + """
+local start = 0
+while true do
+  local batch = redis.call('ZRANGE', KEYS[4], start, start + 7)
+  if #batch == 0 then return {} end
+  for _, who in ipairs(batch) do
+    if who ~= ARGV[1] then
+      local expires = redis.call('ZSCORE', KEYS[1], who)
+      if expires and tonumber(expires) > now then
+        local info = redis.call('HGET', KEYS[2], who)
+        if info then return {who, info} end
+      else
+        redis.call('ZREM', KEYS[4], who)
+        start = start - 1
+      end
+    end
+  end
+  start = start + 8
+end
+"""
+)
+
+# Retention (RedisBackend.prune). KEYS: lease, meta, candidates, cinfo, cseq, beat, terms,
+# corder.
 # ARGV: the cutoff (server microseconds), name. Forgets a name nobody holds, whose last term
 # and hand-over gate ended before the cutoff and with no candidacy since: 1 if forgotten.
 # Its tokens cannot go backwards: taken again, it continues from the server clock, beyond
@@ -319,7 +365,7 @@ local cutoff = tonumber(ARGV[1])
 if not meta[1] or tonumber(meta[1]) >= cutoff then return 0 end
 if tonumber(meta[2] or '0') >= cutoff then return 0 end
 if redis.call('ZCOUNT', KEYS[3], ARGV[1], '+inf') > 0 then return 0 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8])
 redis.call('HDEL', KEYS[7], ARGV[2])
 return 1
 """

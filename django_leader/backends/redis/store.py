@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import re
 import threading
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -18,13 +19,15 @@ from django.core.cache import caches
 from django_leader.backends.base import Backend
 from django_leader.backends.history import HistoryWriter, WrittenAfterwards
 from django_leader.backends.redis.client import bounded, redis_client
-from django_leader.backends.redis.cluster import LazyCluster, slot_tag
+from django_leader.backends.redis.cluster import LazyCluster, slot_tag, slot_tags
 from django_leader.backends.redis.scripts import (
     ACQUIRE,
     ANNOUNCE,
     CANDIDATES,
     FORCE_RELEASE,
     HANDOVER,
+    INITIALIZE,
+    NEXT_IN_LINE,
     PRUNE,
     READ,
     RELEASE,
@@ -103,6 +106,9 @@ class RedisStore(WrittenAfterwards, Backend):
         self.client = bounded(redis_client(self.cache), call_timeout)
         #: A Redis Cluster: the store marker and the terms are kept per hash slot.
         self.cluster = isinstance(self.client, LazyCluster)
+        if not self.cluster and _driver_bounded(self.client, call_timeout):
+            # A free connection from the pool, connecting, the answer: each within it.
+            self.driver_bound = 3 * call_timeout
         #: On a single Redis, the store-wide keys (:meth:`store_key`, :meth:`terms_key`).
         self._store_wide = {
             part: str(self.cache.make_key(f"django_leader:{part}")) for part in ("store", "terms")
@@ -121,8 +127,10 @@ class RedisStore(WrittenAfterwards, Backend):
         self._read = self.client.register_script(READ)
         self._announce = self.client.register_script(ANNOUNCE)
         self._candidates = self.client.register_script(CANDIDATES)
+        self._next_in_line = self.client.register_script(NEXT_IN_LINE)
         self._handover = self.client.register_script(HANDOVER)
         self._prune = self.client.register_script(PRUNE)
+        self._initialize = self.client.register_script(INITIALIZE)
         self._hub: WakeHub | None = None
         self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
 
@@ -146,8 +154,16 @@ class RedisStore(WrittenAfterwards, Backend):
     def _beside(self, name: str, part: str) -> str:
         if not self.cluster:
             return self._store_wide[part]
-        tag = slot_tag(self.keys(name)[0])
+        return self._tagged(slot_tag(self.keys(name)[0]), part)
+
+    def _tagged(self, tag: str, part: str) -> str:
         return str(self.cache.make_key(f"django_leader:{{{tag}}}:{part}"))
+
+    def store_keys(self) -> list[str]:
+        """Every store marker: the store's one; on a cluster, one per slot."""
+        if not self.cluster:
+            return [self._store_wide["store"]]
+        return sorted(self._tagged(tag, "store") for tag in slot_tags())
 
     @property
     def _channel_prefix(self) -> str:
@@ -181,12 +197,28 @@ class RedisStore(WrittenAfterwards, Backend):
         lease write) counts only once ``REDIS_WAIT_REPLICAS`` replicas have it: else
         :class:`NotConfirmed`, which is a :class:`BackendUnavailable`."""
         keys = [*self.keys(name, parts), *extra]
-        if durable:
+        # Without WAIT, one server: the script alone (a pipeline of one costs more).
+        if durable and (self.wait_replicas > 0 or self.cluster):
             return self.pipelined(script, [[len(keys), *keys, *args]], durable=True)[0]
         try:
             return script(keys=keys, args=list(args))
         except errors() as exc:
             raise self.unavailable(exc) from exc
+
+    def _call_each(
+        self, script: Any, names: Sequence[str], *, parts: tuple[str, ...], batch: int = 1000
+    ) -> list[Any]:
+        """``script`` on the keys (``parts``) of each of ``names``, no arguments, ``batch``
+        calls per pipeline: the replies in order (a read of many names, a round trip per
+        batch)."""
+        replies: list[Any] = []
+        for start in range(0, len(names), batch):
+            calls = []
+            for name in names[start : start + batch]:
+                keys = self.keys(name, parts)
+                calls.append([len(keys), *keys])
+            replies += self.pipelined(script, calls, durable=False)
+        return replies
 
     def pipelined(self, script: Any, calls: list[list[Any]], *, durable: bool) -> list[Any]:
         """``EVALSHA script`` with each of ``calls`` (numkeys, keys, args) in one pipeline per
@@ -317,3 +349,19 @@ class RedisStore(WrittenAfterwards, Backend):
         if renewed is not None and len(reply) > 9:
             renewed.handover_to = text(reply[9])
         return renewed
+
+
+def _driver_bounded(client: Any, timeout: float) -> bool:
+    """Whether every call of ``client`` ends within a few ``timeout`` by redis-py's own
+    timeouts: the blocking pool of one server that :func:`bounded` made (not a cluster's
+    redirections, nor the Sentinels asked one after the other, nor a pool of the project's
+    own)."""
+    import redis
+
+    pool = getattr(client, "connection_pool", None)
+    return (
+        type(pool) is redis.BlockingConnectionPool
+        and pool.timeout == timeout
+        and pool.connection_kwargs.get("socket_timeout") == timeout
+        and pool.connection_kwargs.get("socket_connect_timeout") == timeout
+    )

@@ -5,10 +5,11 @@ heartbeat."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
-from ...election import Candidate
+from ...election import Candidate, Mode
 from .clock import EnsembleClock
 from .layout import candidate_prefix, to_ms, to_time
 
@@ -18,13 +19,18 @@ class Candidacies(EnsembleClock):
 
     def _queue(self, client: Any, name: str) -> list[str]:
         """The candidate node names of ``name`` in join order."""
+        return self._queue_listed(client.get_children_async(self._queue_path(name)))
+
+    def _queue_listed(self, result: Any) -> list[str]:
+        """The candidate node names a queue's listing (sent) answered, in join order; none
+        if the queue does not exist."""
         from kazoo.exceptions import NoNodeError
 
         try:
-            children = self._wait(client.get_children_async(self._queue_path(name)))
+            children = self._wait(result)
         except NoNodeError:
             return []
-        return sorted(children, key=lambda child: child.rsplit("-", 1)[-1])
+        return sorted(children, key=lambda child: child.rsplit("-", 1)[-1])  # by sequence
 
     def _my_node(self, client: Any, name: str, identity: str) -> str | None:
         """The node name of ``identity``'s candidacy for ``name`` (None if it has none)."""
@@ -81,33 +87,65 @@ class Candidacies(EnsembleClock):
             self._wait(client.delete_async(f"{self._queue_path(name)}/{node}"))
 
     def candidates(self, name: str) -> list[Candidate] | None:
+        return self.candidates_many([name])[0]
+
+    def candidates_many(self, names: Sequence[str]) -> list[list[Candidate] | None]:
+        """Every name's queue listed, then every candidate's data read, each round sent
+        before any answer is awaited."""
+        client = self.client
+        listed = [client.get_children_async(self._queue_path(name)) for name in names]
+        queues = [self._queue_listed(result) for result in listed]
+        sent = [
+            [(node, client.get_async(f"{self._queue_path(name)}/{node}")) for node in nodes]
+            for name, nodes in zip(names, queues, strict=True)
+        ]
+        found: list[list[Candidate] | None] = []
+        for name, results in zip(names, sent, strict=True):
+            live = (self._live(name, node, result) for node, result in results)
+            found.append([candidate for candidate in live if candidate is not None])
+        return found
+
+    def next_in_line(
+        self, name: str, mode: Mode | str, *, holder: str | None = None
+    ) -> Candidate | None:
+        """In join order (``race``, ``fifo``): the queue's children, then the first live
+        one's data, the holder's skipped by its name: two requests whatever the queue's
+        length (one more for each dead candidate found first). ``priority`` reads every
+        candidate's data."""
+        if Mode(mode) is Mode.PRIORITY:
+            return super().next_in_line(name, mode, holder=holder)
+        client = self.client
+        skip = candidate_prefix(holder) if holder else None
+        for node in self._queue(client, name):
+            if skip is not None and node.startswith(skip):
+                continue
+            found = self._live(name, node, client.get_async(f"{self._queue_path(name)}/{node}"))
+            if found is not None and found.identity != holder:
+                return found
+        return None
+
+    def _live(self, name: str, node: str, result: Any) -> Candidate | None:
+        """The candidate of ``node`` from its data (``result``: a pending get), or None if
+        it is gone; one whose heartbeat has run out is deleted on the way."""
         from kazoo.exceptions import NoNodeError
 
-        client = self.client
-        nodes = self._queue(client, name)
-        results = [client.get_async(f"{self._queue_path(name)}/{node}") for node in nodes]
-        found = []
-        for node, result in zip(nodes, results, strict=True):
-            try:
-                raw, stat = self._wait(result)
-            except NoNodeError:
-                continue
-            info = json.loads(raw)
-            expires = int(stat.mtime) + int(info.get("ttl", 0))
-            if self._passed(expires)[0]:
-                client.delete_async(f"{self._queue_path(name)}/{node}", stat.version)
-                continue
-            found.append(
-                Candidate(
-                    identity=str(info["identity"]),
-                    priority=int(info.get("priority", 0)),
-                    host=str(info.get("host", "")),
-                    pid=int(info.get("pid", 0)),
-                    version=str(info.get("version", "")),
-                    seq=int(node.rsplit("-", 1)[-1]),
-                    joined_at=to_time(stat.ctime),
-                    seen_at=to_time(stat.mtime),
-                    expires_at=to_time(expires),
-                )
-            )
-        return found
+        try:
+            raw, stat = self._wait(result)
+        except NoNodeError:
+            return None
+        info = json.loads(raw)
+        expires = int(stat.mtime) + int(info.get("ttl", 0))
+        if self._passed(expires)[0]:
+            self.client.delete_async(f"{self._queue_path(name)}/{node}", stat.version)
+            return None
+        return Candidate(
+            identity=str(info["identity"]),
+            priority=int(info.get("priority", 0)),
+            host=str(info.get("host", "")),
+            pid=int(info.get("pid", 0)),
+            version=str(info.get("version", "")),
+            seq=int(node.rsplit("-", 1)[-1]),
+            joined_at=to_time(stat.ctime),
+            seen_at=to_time(stat.mtime),
+            expires_at=to_time(expires),
+        )

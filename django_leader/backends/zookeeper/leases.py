@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -190,9 +191,12 @@ class Leases(EnsembleClock):
         """The name's record and its lease znode (each ``(data, stat)`` or None), asked for
         together, the record first: a grant between the two reads then shows in the lease,
         and one after them in the record's version (so a write conditional on it fails)."""
-        record_result = client.get_async(self._name_path(name))
-        lease_result = client.get_async(self._lease_path(name))
+        record_result, lease_result = self._record_and_lease_async(client, name)
         return self._read_result(record_result), self._read_result(lease_result)
+
+    def _record_and_lease_async(self, client: Any, name: str) -> tuple[Any, Any]:
+        """:meth:`_record_and_lease` sent, not waited for."""
+        return client.get_async(self._name_path(name)), client.get_async(self._lease_path(name))
 
     def _held(
         self, client: Any, lease: Lease, *, fresh: bool = False
@@ -313,7 +317,24 @@ class Leases(EnsembleClock):
     def read(self, name: str) -> Lease | None:
         """Read-only (two reads, no write: a health probe changes nothing); expiry by
         ``_read_only_now()``."""
-        record_found, found = self._record_and_lease(self.client, name)
+        return self._read_lease(name, *self._record_and_lease(self.client, name))
+
+    def read_many(self, names: Sequence[str]) -> list[Lease | None]:
+        """Every name's two reads sent before any answer is awaited."""
+        client = self.client
+        sent = [self._record_and_lease_async(client, name) for name in names]
+        return [
+            self._read_lease(name, self._read_result(record), self._read_result(lease))
+            for name, (record, lease) in zip(names, sent, strict=True)
+        ]
+
+    def _read_lease(
+        self,
+        name: str,
+        record_found: tuple[dict[str, Any], Any] | None,
+        found: tuple[dict[str, Any], Any] | None,
+    ) -> Lease | None:
+        """The unexpired lease a read of the name's record and lease znode found, or None."""
         if found is None or not found[0].get("holder"):
             return None
         data, stat = found

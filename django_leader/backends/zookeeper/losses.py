@@ -32,6 +32,7 @@ from typing import Any
 
 from ...conf import lock_delay
 from ...lease import clock as lease_clock
+from ..base import NEW_STORE_HINT
 from .clock import EnsembleClock
 from .layout import to_ms
 from .session import Session
@@ -76,12 +77,14 @@ def lost_marker(backend: EnsembleClock, client: Any, ttl: float) -> dict[str, An
         found = backend._get(client, f"{backend.root}/store")
         return found[0] if found is not None else marker
     logger.warning(
-        "zookeeper %r %r has no store marker (new, wiped, restored or ROOT deleted): "
-        "no lease on it may be taken for the lock-delay of %.1fs, so that every holder "
-        "that could still believe it leads has stepped down",
+        "zookeeper %r %r has no store marker: it lost its state (wiped, restored, ROOT "
+        "deleted) or was never used for leases. No lease on it may be taken for the "
+        "lock-delay of %.1fs, so that every holder that could still believe it leads has "
+        "stepped down. %s",
         backend.conf.hosts,
         backend.root,
         delay,
+        NEW_STORE_HINT,
     )
     return marker
 

@@ -90,10 +90,6 @@ class BatchRenewal(Leases):
             renewed.append(one)
         return renewed
 
-    def _record_and_lease_async(self, client: Any, name: str) -> tuple[Any, Any]:
-        """:meth:`_record_and_lease` sent, not waited for."""
-        return client.get_async(self._name_path(name)), client.get_async(self._lease_path(name))
-
     def _drop_expired(
         self, held: dict[tuple[str, str, int], Held], answers: dict[tuple[str, str, int], Any]
     ) -> None:

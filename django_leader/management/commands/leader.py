@@ -84,12 +84,13 @@ def lease_dict(name: str, lease: Lease | None, queue: list[Waiting] | None) -> d
     }
 
 
-def candidates_of(backend: Any, name: str) -> list[Candidate] | None:
-    """The candidates of ``name``, or None when unknown (best effort, as they are kept)."""
+def candidates_of(backend: Any, names: list[str]) -> list[list[Candidate] | None]:
+    """The candidates of each of ``names``, None where unknown (best effort, as they are
+    kept)."""
     try:
-        found: list[Candidate] | None = backend.candidates(name)
+        found: list[list[Candidate] | None] = backend.candidates_many(names)
     except BackendUnavailable:
-        return None
+        return [None] * len(names)
     return found
 
 
@@ -109,7 +110,9 @@ PRUNE_BATCH = 500
 
 
 class Command(BaseCommand):
-    help = "Inspect and operate django-leader leases: status, history, release, handover, prune."
+    help = (
+        "Inspect and operate django-leader leases: status, history, release, handover, prune, init."
+    )
 
     #: The exit status of the last run (3: nobody holds NAME). Only the command line
     #: exits with it; ``call_command()`` returns normally and leaves it here.
@@ -157,6 +160,11 @@ class Command(BaseCommand):
             "prune", help="forget the names unused for --days, and older history"
         )
         prune.add_argument("--days", type=int, default=None)
+        sub.add_parser(
+            "init",
+            help="mark a store never used for leases as new, so that its first lock does "
+            "not wait out the lock-delay (never after a flush, restart or restore)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -181,11 +189,10 @@ class Command(BaseCommand):
         return self._now
 
     def _queue(
-        self, backend: Any, name: str, lease: Lease | None, mode: Mode
+        self, backend: Any, found: list[Candidate] | None, lease: Lease | None, mode: Mode
     ) -> list[Waiting] | None:
-        """The candidates of ``name`` waiting, in queue order, each last seen how long ago
+        """The candidates ``found`` waiting, in queue order, each last seen how long ago
         by the store's clock (the lease's reading, else the store's now)."""
-        found = candidates_of(backend, name)
         if found is None:
             return None
         now = None
@@ -199,9 +206,11 @@ class Command(BaseCommand):
         mode = election_mode()
         names = [options["name"]] if options["name"] else backend.names()
         rows, queues = [], []
-        for name in names:
-            lease = backend.read(name)
-            queue = self._queue(backend, name, lease, mode)
+        # Every name in a few round trips (a batch each), not a few per name: with
+        # thousands of names, one by one took longer than a lease lasts.
+        found = candidates_of(backend, names)
+        for name, lease, members in zip(names, backend.read_many(names), found, strict=True):
+            queue = self._queue(backend, members, lease, mode)
             rows.append(lease_dict(name, lease, queue))
             queues.append(queue or [])
         if options["name"]:
@@ -233,7 +242,7 @@ class Command(BaseCommand):
         Elector campaigning for it. A name never seen is most likely a typo."""
         from django_leader.models import LeaseEvent
 
-        if name in backend.names() or candidates_of(backend, name):
+        if name in backend.names() or candidates_of(backend, [name])[0]:
             return True
         database = backend.history_database or get_settings().database
         return LeaseEvent.objects.using(database).filter(name=name).exists()
@@ -390,6 +399,17 @@ class Command(BaseCommand):
             now = "nobody holds it" if current is None else f"held by {current.holder}"
             self.stderr.write(f"{name}: {asked.to} did not take it within {wait:g}s; {now}")
         return 0 if done else NOT_HANDED_OVER
+
+    def do_init(self, options: dict[str, Any]) -> int:
+        backend = get_backend()
+        written = backend.initialize()
+        if written is None:
+            self.stdout.write(f"{backend.describe()}\nIt keeps no store marker: nothing to do.")
+        elif written:
+            self.stdout.write("wrote the store marker: the first lock will not wait")
+        else:
+            self.stdout.write("the store marker was there already: nothing to do")
+        return 0
 
     def do_prune(self, options: dict[str, Any]) -> int:
         from django_leader.models import LeaseCandidate, LeaseEvent

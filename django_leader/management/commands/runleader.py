@@ -34,6 +34,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
+from django_leader.backends.db import require_tables
 from django_leader.conf import resolve_timing, validate_identity, validate_name
 from django_leader.elector import Elector
 from django_leader.lease import Lease, LossReason
@@ -161,6 +162,10 @@ class Command(BaseCommand):
         if options["tasks"]:
             call = tasks_schedule()
         self._configure_logging(options["verbosity"])
+        try:
+            require_tables()  # else every campaign fails, logged for ever
+        except ImproperlyConfigured as exc:
+            raise usage(str(exc)) from None
 
         elector = Elector(
             name,
