@@ -19,6 +19,9 @@ Two guards make a scheduled time run at most once across a failover:
   store keeps these records too; a store that keeps none (a custom backend) records them in
   the process only.
 
+A leader whose scheduler thread has died (APScheduler lets a job store's exception end it)
+would hold the lease and run nothing: it gives the lease up and campaigns no more.
+
 APScheduler's own rules apply to what is left: ``misfire_grace_time`` and ``coalesce``
 decide what a new leader runs of the times missed while nobody led.
 """
@@ -29,6 +32,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -49,13 +53,16 @@ try:
     from apscheduler.executors.pool import ProcessPoolExecutor
     from apscheduler.schedulers import SchedulerNotRunningError
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
-    from apscheduler.schedulers.base import BaseScheduler
+    from apscheduler.schedulers.base import STATE_STOPPED, BaseScheduler
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'django_leader.apscheduler needs APScheduler 3: pip install "django-leader[apscheduler]"'
     ) from exc
 
 logger = logging.getLogger("django_leader.apscheduler")
+
+#: How often the leader looks whether its scheduler's thread is still alive (seconds).
+WATCH_INTERVAL = 1.0
 
 __all__ = ["run_while_leader"]
 
@@ -107,7 +114,16 @@ def run_while_leader(
         try:
             _quietly(scheduler.resume)
             logger.info("%r leads: APScheduler resumed", name)
-            lease.lost.wait()
+            while not lease.lost.wait(WATCH_INTERVAL):
+                if not _scheduling(scheduler):
+                    logger.error(
+                        "%r: APScheduler's scheduler thread has died (its exception is "
+                        "above): no job can run here any more; giving the lease up and "
+                        "campaigning no more, so that another instance runs the schedule",
+                        name,
+                    )
+                    elector.stop()  # from the work: asks, and the campaign ends on return
+                    break
         finally:
             gate.close()
             _quietly(scheduler.pause)
@@ -247,6 +263,20 @@ def _still_held(lease: Lease, job_id: str) -> bool:
         return True
     logger.warning("job %r not run: the lease was lost before it started", job_id)
     return False
+
+
+def _scheduling(scheduler: BaseScheduler) -> bool:
+    """Whether ``scheduler`` can still run jobs: its thread (a ``BackgroundScheduler``'s)
+    is alive, or it has none of its own, or it was shut down on purpose. APScheduler lets
+    an exception of a job store's ``update_job`` end that thread (django-apscheduler's
+    ``DjangoJobStore`` raises "database is locked" on SQLite): the scheduler then says it
+    runs, and runs nothing."""
+    thread = getattr(scheduler, "_thread", None)
+    return (
+        not isinstance(thread, threading.Thread)
+        or thread.is_alive()
+        or scheduler.state == STATE_STOPPED
+    )
 
 
 def _quietly(call: Callable[[], None]) -> None:

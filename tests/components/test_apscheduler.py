@@ -13,10 +13,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 
 pytest.importorskip("apscheduler", reason="APScheduler 3 is not installed")
 
 from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
+from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_PAUSED, STATE_RUNNING
@@ -172,6 +174,58 @@ def test_an_asyncio_scheduler_runs_coroutine_jobs_under_the_lease(
     wait_until(lambda: backend.read(lease_name) is None, timeout=WAIT, message="not released")
 
 
+class FailingJobStore(MemoryJobStore):
+    """A job store whose ``update_job`` fails from its ``after``-th call on, as
+    django-apscheduler's ``DjangoJobStore`` does on SQLite when a listener of its own writes
+    at the same time ("database is locked"): APScheduler's scheduler thread dies of it."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+        self.updates = 0
+
+    def update_job(self, job: Any) -> None:
+        self.updates += 1
+        if self.updates >= self.after:
+            raise OperationalError("database is locked")
+        super().update_job(job)
+
+
+def test_a_leader_whose_scheduler_thread_died_gives_the_lease_up(
+    backend: Any, lease_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler's thread dies (an exception of the job store): the leader would hold
+    the lease and run nothing. It gives the lease up and stops campaigning; the other
+    instance runs the schedule."""
+    runs = Runs()
+    broken = runs.scheduler("broken", BackgroundScheduler(timezone=timezone.utc))
+    broken.add_jobstore(FailingJobStore(after=3), "default")
+    broken.add_job(token_of_current_lease, "interval", seconds=0.5, start_date=START, id="tick")
+    first = run_while_leader(broken, lease_name, identity="broken", backend=backend, **TIMING)
+    schedulers = [broken]
+    try:
+        assert first.wait_for_leadership(WAIT)
+        # Elected first, before the healthy one campaigns.
+        healthy = background(runs, "healthy")
+        schedulers.append(healthy)
+        second = run_while_leader(
+            healthy, lease_name, identity="healthy", backend=backend, **TIMING
+        )
+        wait_until(lambda: not first.is_leader, timeout=WAIT, message="the broken one still leads")
+        assert second.wait_for_leadership(WAIT), "the healthy one was never elected"
+        wait_until(lambda: len(runs.by("healthy")) >= 2, timeout=WAIT, message="no job ran next")
+        assert not broken._thread.is_alive()
+        assert "scheduler thread has died" in caplog.text
+        # It campaigns no more: stopped, however long the healthy one leads.
+        assert not first.wait_for_leadership(TIMING["ttl"])
+        assert second.is_leader
+    finally:
+        for scheduler in schedulers:
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+        first.stop()
+
+
 def test_what_run_while_leader_refuses() -> None:
     with pytest.raises(TypeError, match="APScheduler 3 scheduler"):
         run_while_leader(object())
@@ -180,8 +234,6 @@ def test_what_run_while_leader_refuses() -> None:
 
 
 def test_the_default_name_says_the_scheduler_and_its_job_stores() -> None:
-    from apscheduler.jobstores.memory import MemoryJobStore
-
     from django_leader.apscheduler import default_name
 
     scheduler = BackgroundScheduler()

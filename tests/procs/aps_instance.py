@@ -35,6 +35,17 @@ def tick() -> int | None:
     return None if lease is None else lease.token
 
 
+def sqlite_options() -> dict[str, Any]:
+    """The OPTIONS of a SQLite database that several threads and processes write: a busy
+    timeout, and (Django 5.1+) ``BEGIN IMMEDIATE`` transactions."""
+    import django
+
+    options: dict[str, Any] = {"timeout": 20}
+    if django.VERSION >= (5, 1):
+        options["transaction_mode"] = "IMMEDIATE"
+    return options
+
+
 def main() -> None:
     jobstore = os.environ.get("DL_MP_APS_JOBSTORE", "memory")
     if jobstore == "django":
@@ -44,6 +55,11 @@ def main() -> None:
 
         settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django_apscheduler"]
         settings.DATABASES["default"]["NAME"] = os.environ["DL_MP_APS_DB"]
+        # As docs/howto/apscheduler.md says for SQLite: DjangoJobStore's update_job and its
+        # execution listener write from two threads, and a deferred transaction of one
+        # fails at once ("database is locked") against the other, which ends APScheduler's
+        # thread. Transactions that take the write lock first wait for it instead.
+        settings.DATABASES["default"]["OPTIONS"] = sqlite_options()
     setup_django()
     if os.environ.get("DL_MP_APS_MIGRATE"):
         from django.core.management import call_command
