@@ -1,9 +1,10 @@
 """The dashboard: every lease on one page, with its leader, the candidates waiting, its last
 transition and its alerts (:mod:`~django_leader.admin.alerts`).
 
-Everything comes through the backend contract: the names (``names()``), each lease as the
-store says it is now (``read()``, by the store's clock), the candidates (``candidates()``)
-and the store's clock (``now()``); the last transition and the count of recent transitions
+Everything comes through the backend contract: the names (``names()``), the leases as the
+store says they are now (``read_many()``, by the store's clock), their candidates
+(``candidates_many()``: both a few round trips for the whole page, not one per lease) and
+the store's clock (``now()``); the last transition and the count of recent transitions
 come from the history (two queries on the ``name, -at, -id`` index per lease). At most
 :data:`~django_leader.admin.constants.DASHBOARD_LEASES` leases are read; a search narrows
 the list.
@@ -27,6 +28,7 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 
 from ..conf import get_settings
+from ..election import Candidate
 from ..exceptions import BackendUnavailable
 from ..models import LeaseEvent
 from ..tasks.entries import Entry, load_schedule
@@ -64,26 +66,46 @@ class LeaseRow:
         return periods.format_duration(self.seconds_left)
 
 
+@dataclass
+class StoreSays:
+    """What the store answered for the page's leases, read at once: each lease and its
+    candidates by name, or why it could not be read."""
+
+    leases: dict[str, Any] = field(default_factory=dict)
+    candidates: dict[str, list[Candidate] | None] = field(default_factory=dict)
+    error: str = ""
+
+    @classmethod
+    def read(cls, store: Store, names: list[str]) -> StoreSays:
+        if not names:
+            return cls()
+        try:
+            leases = store.backend.read_many(names)
+            candidates = store.backend.candidates_many(names)
+        except BackendUnavailable as exc:
+            return cls(error=str(exc))
+        return cls(dict(zip(names, leases, strict=True)), dict(zip(names, candidates, strict=True)))
+
+
 def read_lease(
     store: Store,
+    said: StoreSays,
     name: str,
     now: datetime,
     url: str,
     history_url: str | None,
     schedule: Mapping[str, Entry],
 ) -> LeaseRow:
-    """What the store and the history say about ``name`` now, with its alerts.
+    """What the store (``said``) and the history say about ``name`` now, with its alerts.
     ``schedule``: the ``TASKS_SCHEDULE`` entries by their slot records' key."""
     row = LeaseRow(name, url, history_url)
     events = LeaseEvent.objects.using(store.history_db).filter(name=name)
     row.last = events.order_by("-at", "-id").first()
     row.transitions = events.filter(kind__in=periods.STARTS, at__gt=now - FLAPPING_WINDOW).count()
-    try:
-        lease = store.backend.read(name)
-        candidates = store.backend.candidates(name)
-    except BackendUnavailable as exc:
-        row.error = str(exc)
+    if said.error:
+        row.error = said.error
         return row
+    lease, candidates = said.leases[name], said.candidates[name]
     if lease is not None:
         row.holder, row.token = lease.holder, lease.token
         read_at = periods.utc(getattr(lease, "read_at", None) or now)
@@ -148,11 +170,12 @@ def dashboard_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> HttpRe
     history = event_admin is not None and event_admin.has_view_permission(request)
     history_list = reverse("admin:django_leader_leaseevent_changelist", current_app=site)
     schedule = {entry.key: entry for entry in load_schedule()}
+    said = StoreSays.read(store, names)
     rows = []
     for name in names:
         url = reverse("admin:django_leader_lease_change", args=[quote(name)], current_app=site)
         history_url = f"{history_list}?{urlencode({'name': name})}" if history else None
-        rows.append(read_lease(store, name, now, url, history_url, schedule))
+        rows.append(read_lease(store, said, name, now, url, history_url, schedule))
     rows.sort(key=lambda row: (not row.alerts and not row.error, row.name))
     conf = get_settings().timing
     context = {
