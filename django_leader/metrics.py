@@ -21,16 +21,16 @@ made from data (``invoice-42``) cannot grow the exposition without bound.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
 from . import hooks, signals
 from .conf import feature_setting, register_setting_check
+from .forksafe import ForkSafeLock
 
 _installed = False
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _metrics: dict[str, Any] = {}
 #: The label of the names past the first ``METRICS_NAMES``.
 OTHER = "(other)"

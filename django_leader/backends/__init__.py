@@ -12,20 +12,20 @@ never a concrete store.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ..conf import get_settings
+from ..forksafe import ForkSafeLock
 from .base import Backend
 
 #: Store-call timeouts shorter than the settings' are rounded down to this times a power of
 #: two (0.2 s is the shortest call timeout a Timing gives).
 TIMEOUT_STEP = 0.2
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _shared: dict[tuple[str, float | None], Backend] = {}
 _shared_conf: object = None
 #: Set by django_leader.testing: every Elector and lock() of this process uses it.

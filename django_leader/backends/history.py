@@ -19,6 +19,7 @@ import weakref
 from contextlib import suppress
 from datetime import datetime
 
+from ..forksafe import ForkSafeLock
 from ..lease import EventKind, HistoryEvent, Lease
 
 logger = logging.getLogger("django_leader")
@@ -46,7 +47,7 @@ class HistoryWriter:
     def __init__(self, database: str, maxsize: int = 10_000) -> None:
         self.database = database
         self._queue: queue.Queue[HistoryEvent] = queue.Queue(maxsize)
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a child forked while a thread held it gets it free
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._drops, self._drop_logged = 0, -DROP_LOG_INTERVAL  # events dropped, last logged

@@ -7,7 +7,6 @@ lease it was built under is held."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, ClassVar, Protocol
 
 from celery.beat import Scheduler
@@ -17,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..backends.slots import Slot
 from ..conf import get_settings
+from ..forksafe import ForkSafeLock
 from ..lease import Lease
 
 logger = logging.getLogger("django_leader.celery")
@@ -95,7 +95,7 @@ class _LeaderMixin:
 
 
 _classes: dict[type[Scheduler], type[Scheduler]] = {}
-_classes_lock = threading.Lock()
+_classes_lock = ForkSafeLock()
 
 
 def _leader_class(cls: type[Scheduler]) -> type[Scheduler]:

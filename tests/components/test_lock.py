@@ -15,7 +15,7 @@ import pytest
 from django_leader import LeadershipLost, LeaseHeld, alock, lock
 from django_leader.exceptions import StoreBusy
 from tests.support.faults import FaultyBackend
-from tests.support.stores import history, stores_db
+from tests.support.stores import CACHE_STORES, OTHER_STORES, history, stores_db
 from tests.support.waiting import wait_until
 
 pytestmark = stores_db
@@ -221,6 +221,59 @@ def test_forked_child_leaving_the_block_does_not_release_the_parents_lease(
     finally:
         held.__exit__(None, None, None)
     assert backend.read(lease_name) is None
+
+
+def _locks_of(*owners: Any) -> list[Any]:
+    """The locks kept as attributes of ``owners`` (a backend, its history writer)."""
+    return [
+        value
+        for owner in owners
+        if owner is not None
+        for value in vars(owner).values()
+        if all(hasattr(value, method) for method in ("acquire", "release", "locked"))
+    ]
+
+
+@pytest.mark.parametrize("backend", [*CACHE_STORES, *OTHER_STORES], indirect=True)
+def test_a_child_forked_while_a_parent_thread_held_a_store_lock_uses_the_store(
+    backend: Any, lease_name: str
+) -> None:
+    """CI failure: a celery pool process, forked while the worker's main process was
+    connecting to ZooKeeper (releasing the lock of a killed pool process), hung on its
+    first lock() until the task's hard time limit killed it: the backend's lock had been
+    held by a thread of the parent at the fork, and nothing in the child would release it.
+    The same for the history writer of Redis and ZooKeeper. Here a thread of the parent
+    holds every lock of the backend and of its history writer across the fork: the child
+    takes a lock of its own (and records it in the history)."""
+    assert backend.acquire(f"{lease_name}-warm", "parent", 30)[0] is not None  # connected
+    locks = _locks_of(backend, getattr(backend, "_history", None))
+    assert locks, "no lock found to hold"
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for held in locks:
+            held.acquire()
+        holding.set()
+        done.wait(WAIT)
+        for held in locks:
+            held.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(WAIT)
+        pid = os.fork()
+        if pid == 0:  # the child: its first call of the store
+            code = 1
+            try:
+                with lock(lease_name, ttl=30, blocking=False, backend=backend):
+                    code = 0
+            finally:
+                os._exit(code)
+        assert _wait_child(pid, timeout=20) == 0, "the forked child could not use the store"
+    finally:
+        done.set()
+        holder.join()
 
 
 def test_two_asyncio_tasks_are_two_holders(backend: Any, lease_name: str) -> None:

@@ -11,7 +11,6 @@ supported. SQLite and MySQL/MariaDB cannot push: candidates poll.
 from __future__ import annotations
 
 import select
-import threading
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from django.db import connections
 
 from ...exceptions import BackendUnavailable
+from ...forksafe import ForkSafeLock
 from ..base import Watch
 from ..wakeups import WakeHub, channel
 from .connection import PrivateConnection, pooled
@@ -94,8 +94,8 @@ class DatabaseWakeups:
         self.tables = tables
         self.timeout = timeout
         self._hub: WakeHub | None = None
-        self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
-        self._probe_lock = threading.Lock()  # one connection finds out about a pooler
+        self._hub_lock = ForkSafeLock()  # one hub, however many threads watch at once
+        self._probe_lock = ForkSafeLock()  # one connection finds out about a pooler
 
     def watch(self, name: str, callback: Callable[[], None], identity: str | None) -> Watch | None:
         """Call ``callback`` when the channel of ``name`` (or of ``identity``) is notified;

@@ -12,12 +12,13 @@ failover of one master starts the lock-delay for the leases of its slots only.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
+
+from django_leader.forksafe import ForkSafeLock
 
 #: Hash slots of a Redis Cluster.
 SLOTS = 16384
@@ -60,7 +61,7 @@ class LazyCluster:
         self.startup_nodes = startup_nodes
         self.kwargs = kwargs
         self._client: Any = None
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def get(self) -> Any:
         """The ``RedisCluster``, connected now if it was not."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -37,6 +36,7 @@ from django_leader.backends.redis.scripts import (
 from django_leader.backends.wakeups import WakeHub
 from django_leader.conf import get_settings
 from django_leader.exceptions import BackendUnavailable
+from django_leader.forksafe import ForkSafeLock
 from django_leader.lease import Lease
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
@@ -132,7 +132,7 @@ class RedisStore(WrittenAfterwards, Backend):
         self._prune = self.client.register_script(PRUNE)
         self._initialize = self.client.register_script(INITIALIZE)
         self._hub: WakeHub | None = None
-        self._hub_lock = threading.Lock()  # one hub, however many threads watch at once
+        self._hub_lock = ForkSafeLock()  # one hub, however many threads watch at once
 
     # -- key names ----------------------------------------------------------------------------
     def keys(self, name: str, parts: tuple[str, ...] = ("lease", "meta")) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 from ...conf import ZooKeeperSettings, get_settings
 from ...exceptions import BackendUnavailable
+from ...forksafe import ForkSafeLock
 from ..base import Backend, Watch
 from ..history import HistoryWriter, WrittenAfterwards
 from .layout import Held, digest, encode_name
@@ -68,7 +68,7 @@ class Ensemble(WrittenAfterwards, Backend):
         self.root = self.conf.root
         self.history_database = conf.database if conf.history else None
         self._history = HistoryWriter(conf.database) if conf.history else None
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a child forked while a thread held it gets it free
         self._current: Session | None = None
         self._default_timeout = float(
             self.conf.session_timeout or max(conf.timing.ttl, DEFAULT_SESSION_TIMEOUT)
@@ -91,7 +91,9 @@ class Ensemble(WrittenAfterwards, Backend):
         """This backend's session, connected within the call bound, else
         BackendUnavailable (the client keeps reconnecting in the background)."""
         if self._pid != os.getpid():
-            self._forked()
+            with self._lock:
+                if self._pid != os.getpid():  # (not reset by another thread meanwhile)
+                    self._forked()
         with self._lock:
             session = self._current
             if session is None:
@@ -110,13 +112,14 @@ class Ensemble(WrittenAfterwards, Backend):
 
     def _forked(self) -> None:
         """In a forked child: the parent's sessions are the parent's (their threads did not
-        come along, and closing them would end the parent's session): start afresh."""
-        with self._lock:
-            self._pid = os.getpid()
-            self._current = None
-            self._hub = None
-            self._versions.clear()
-            self._mine.clear()
+        come along, and closing them would end the parent's session): start afresh. Under
+        ``_lock``, which the child has free even if a thread of the parent held it at the
+        fork (:class:`~django_leader.forksafe.ForkSafeLock`)."""
+        self._pid = os.getpid()
+        self._current = None
+        self._hub = None
+        self._versions.clear()
+        self._mine.clear()
 
     @property
     def client(self) -> Any:
