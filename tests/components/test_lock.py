@@ -15,6 +15,7 @@ import pytest
 from django_leader import LeadershipLost, LeaseHeld, alock, lock
 from django_leader.exceptions import StoreBusy
 from tests.support.faults import FaultyBackend
+from tests.support.forking import in_child_while_held
 from tests.support.stores import CACHE_STORES, OTHER_STORES, history, stores_db
 from tests.support.waiting import wait_until
 
@@ -248,32 +249,14 @@ def test_a_child_forked_while_a_parent_thread_held_a_store_lock_uses_the_store(
     assert backend.acquire(f"{lease_name}-warm", "parent", 30)[0] is not None  # connected
     locks = _locks_of(backend, getattr(backend, "_history", None))
     assert locks, "no lock found to hold"
-    holding, done = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        for held in locks:
-            held.acquire()
-        holding.set()
-        done.wait(WAIT)
-        for held in locks:
-            held.release()
+    def first_call() -> bool:
+        with lock(lease_name, ttl=30, blocking=False, backend=backend):
+            return True
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(WAIT)
-        pid = os.fork()
-        if pid == 0:  # the child: its first call of the store
-            code = 1
-            try:
-                with lock(lease_name, ttl=30, blocking=False, backend=backend):
-                    code = 0
-            finally:
-                os._exit(code)
-        assert _wait_child(pid, timeout=20) == 0, "the forked child could not use the store"
-    finally:
-        done.set()
-        holder.join()
+    assert in_child_while_held(locks, first_call, timeout=20) == 0, (
+        "the forked child could not use the store"
+    )
 
 
 def test_two_asyncio_tasks_are_two_holders(backend: Any, lease_name: str) -> None:

@@ -7,41 +7,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
 
 import pytest
 
 from django_leader.forksafe import ForkSafeLock
+from tests.support.forking import in_child_while_held
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-
-
-def in_child_while_held(lock: object, check: Callable[[], bool]) -> int:
-    """Fork while another thread of this process holds ``lock``; the child's exit code: 0
-    if ``check()`` (run first thing in the child) answered True."""
-    holding, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with lock:  # type: ignore[attr-defined]
-            holding.set()
-            done.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(30)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = 0 if check() else 1
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
-    finally:
-        done.set()
-        holder.join()
 
 
 def test_a_fork_safe_lock_held_at_the_fork_is_free_in_the_child() -> None:
@@ -53,14 +25,14 @@ def test_a_fork_safe_lock_held_at_the_fork_is_free_in_the_child() -> None:
         lock.release()
         return not lock.locked()
 
-    assert in_child_while_held(lock, take) == 0
+    assert in_child_while_held([lock], take, timeout=20) == 0
     assert not lock.locked()  # the parent's, released by its holder
 
 
 def test_a_plain_lock_held_at_the_fork_stays_held_in_the_child() -> None:
     """The control: what the fork-safe lock is for."""
     lock = threading.Lock()
-    assert in_child_while_held(lock, lambda: not lock.acquire(timeout=0.5)) == 0
+    assert in_child_while_held([lock], lambda: not lock.acquire(timeout=0.5), timeout=20) == 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the module-level locks of POSIX")
