@@ -219,6 +219,10 @@ def commands() -> Iterator[dict[str, Any]]:
             return
 
 
+#: How long a freeze waits for the history writer's queue to empty first (seconds).
+FREEZE_FLUSH_TIMEOUT = 10.0
+
+
 class Freezer:
     """SIGSTOPs this process, once :attr:`armed`, from the store thread itself as the next
     renewal returns: no store call is in flight then. Stopped from another thread, the
@@ -230,6 +234,7 @@ class Freezer:
         #: Held by the process's own store work (a fenced write) while it runs: the stop
         #: waits for it, so that no transaction of that work is open while stopped.
         self.quiet = quiet or threading.Lock()
+        self.backend = backend
         self.armed = threading.Event()
         self.report: Callable[[], dict[str, Any]] = dict
         for method in ("renew", "renew_many"):
@@ -248,6 +253,10 @@ class Freezer:
 
     def _stop(self) -> None:
         with self.quiet:
+            # The history writer's thread too: stopped inside its INSERT into a SQLite
+            # file (a Redis or ZooKeeper store's history), it kept every writer of that
+            # file out, the new leader's fenced write included (make test, once).
+            self.backend.flush_history(FREEZE_FLUSH_TIMEOUT)
             emit("freezing", **self.report())
             before = time.monotonic()
             # Directed at this thread, SIGSTOP stops it (and the whole process) before the
