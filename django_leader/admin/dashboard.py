@@ -30,6 +30,7 @@ from django.utils.translation import gettext as _
 from ..conf import get_settings
 from ..election import Candidate
 from ..exceptions import BackendUnavailable
+from ..lease import Lease
 from ..models import LeaseEvent
 from ..tasks.entries import Entry, load_schedule
 from . import alerts, periods
@@ -71,7 +72,7 @@ class StoreSays:
     """What the store answered for the page's leases, read at once: each lease and its
     candidates by name, or why it could not be read."""
 
-    leases: dict[str, Any] = field(default_factory=dict)
+    leases: dict[str, Lease | None] = field(default_factory=dict)
     candidates: dict[str, list[Candidate] | None] = field(default_factory=dict)
     error: str = ""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +14,8 @@ import pytest
 from django_leader import LeadershipLost, LeaseHeld, alock, lock
 from django_leader.exceptions import StoreBusy
 from tests.support.faults import FaultyBackend
-from tests.support.forking import in_child_while_held
+from tests.support.forking import in_child_while_held, wait_child
 from tests.support.stores import CACHE_STORES, OTHER_STORES, history, stores_db
-from tests.support.waiting import wait_until
 
 pytestmark = stores_db
 WAIT = 10.0
@@ -168,20 +166,6 @@ def test_one_lock_object_used_by_several_threads(backend: Any, lease_name: str) 
 
 
 # -- reentrancy is per thread and per asyncio task, never across a fork (defect 9) ----------
-def _wait_child(pid: int, timeout: float = WAIT) -> int:
-    def reaped() -> tuple[int, int] | None:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        return (done, status) if done else None
-
-    try:
-        _, status = wait_until(reaped, timeout=timeout, message="forked child did not finish")
-    except AssertionError:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    return os.waitstatus_to_exitcode(status)
-
-
 def test_forked_child_does_not_reenter_its_parents_lock(backend: Any, lease_name: str) -> None:
     with lock(lease_name, ttl=30, backend=backend) as lease:
         pid = os.fork()
@@ -196,7 +180,7 @@ def test_forked_child_does_not_reenter_its_parents_lock(backend: Any, lease_name
                 code = 2
             finally:
                 os._exit(code)
-        assert _wait_child(pid) == 0, "the forked child entered its parent's lock"
+        assert wait_child(pid, WAIT) == 0, "the forked child entered its parent's lock"
         assert lease.held
         assert backend.read(lease_name).token == lease.token
 
@@ -215,7 +199,7 @@ def test_forked_child_leaving_the_block_does_not_release_the_parents_lease(
                 code = 0
             finally:
                 os._exit(code)
-        assert _wait_child(pid) == 0
+        assert wait_child(pid, WAIT) == 0
         current = backend.read(lease_name)
         assert current is not None and current.token == lease.token, "child released it"
         assert lease.held
