@@ -101,6 +101,22 @@ def _boottime() -> float:
 clock = _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
 
 
+class LostEvent(threading.Event):
+    """The ``threading.Event`` of :attr:`Lease.lost`, whose condition is made only when
+    first set or waited on: a lease is made for every grant and every renewal (10,000 in
+    a batch renewal), most are never waited on, and an event's condition costs most of a
+    lease's making (and gives the garbage collector several objects to track)."""
+
+    def __init__(self) -> None:  # threading.Event's, but for the condition
+        self._flag = False
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute != "_cond":
+            raise AttributeError(attribute)
+        # One condition whichever threads ask first: dict.setdefault is atomic.
+        return self.__dict__.setdefault("_cond", threading.Condition(threading.Lock()))
+
+
 @dataclass(eq=False)
 class Lease:
     """Who holds ``name``, with which fencing ``token``, until when (times from the store's clock).
@@ -119,7 +135,7 @@ class Lease:
     expires_at: datetime | None
     transitions: int
     #: Set once this process no longer holds the lease. Never set on a snapshot.
-    lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    lost: threading.Event = field(default_factory=LostEvent, repr=False)
     #: Why the lease was lost, for a human ("renewal refused: …", "released", ...).
     lost_reason: str = field(default="", repr=False)
     #: Why the lease was lost, to compare with (None while not lost).

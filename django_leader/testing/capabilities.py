@@ -86,6 +86,31 @@ class BatchRenewalContract(LeaseContract):
         assert [lease.handover_to for lease in renewed] == ["", "carol"]
         assert renewed[1].handover_to == backend.renew(lease, 30).handover_to
 
+    def test_renew_many_gives_each_lease_its_own_handover_request(
+        self, backend: Any, lease_name: str
+    ) -> None:
+        """Requests for some leases of a batch, a refused lease among them: each renewed
+        lease is answered with its own request, in order (a store that answers a batch in
+        one reply must not shift them)."""
+        leases = [backend.acquire(f"{lease_name}-{i}", "alice", 30)[0] for i in range(5)]
+        try:
+            backend.request_handover(leases[1].name, "carol", 5.0)
+            backend.request_handover(leases[4].name, "dave", 5.0)
+        except NotSupportedError:
+            return
+        assert backend.release(leases[2])
+        renewed = backend.renew_many(leases, 30)
+        assert [None if lease is None else lease.handover_to for lease in renewed] == [
+            "",
+            "carol",
+            None,
+            "",
+            "dave",
+        ]
+        assert [lease.token for lease in renewed if lease is not None] == [
+            leases[i].token for i in (0, 1, 3, 4)
+        ]
+
     #: Leases of the large batch of :meth:`test_renew_many_of_a_large_batch`: more than one
     #: statement or script of the shipped stores takes. Lower it for a store whose
     #: acquisitions are slow (they must all be made within the batch's 30 s ttl).

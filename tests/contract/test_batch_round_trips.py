@@ -93,3 +93,22 @@ def test_redis_renews_a_batch_in_one_round_trip(
     renewed = redis_store.renew_many(leases, 30)
     assert None not in renewed
     assert len(sent) <= MOST, sent
+
+
+def test_redis_refuses_a_batch_reply_that_answers_for_other_leases(
+    redis_store: Any, lease_name: str
+) -> None:
+    """The renewal script answers a batch as one string of records, one line per lease:
+    a reply with one line too few or too many is an unavailable store, never a lease
+    matched to another's record."""
+    from django_leader.exceptions import BackendUnavailable
+
+    leases = [redis_store.acquire(f"{lease_name}-{i}", "alice", 30)[0] for i in range(3)]
+    chunk = [(lease.name, lease.holder, lease.token) for lease in leases]
+    record = "1700000000000000\t1\t0"
+    reply = ["1700000000000000", "1700000030000000", "\n".join([record] * 3), []]
+    assert [le.name for le in redis_store._renewals(chunk, reply)] == [n for n, _, _ in chunk]
+    for lines in (2, 4):
+        bad = [*reply[:2], "\n".join([record] * lines), []]
+        with pytest.raises(BackendUnavailable, match=f"answered {lines} leases of 3"):
+            redis_store._renewals(chunk, bad)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from django_leader import LeadershipLost, Lease
@@ -96,3 +99,37 @@ def test_renewer_reports_a_loss_a_reader_saw_first() -> None:
     assert reported == [lease]
     caller.shutdown(wait=True)
     assert store.events == ["lost"]
+
+
+def test_a_lease_is_made_without_a_condition_until_its_loss_is_waited_on() -> None:
+    """lease.lost is a threading.Event whose condition is made on first use: a batch
+    renewal makes 10,000 leases that nobody waits on."""
+    lease = held_lease(60)
+    assert isinstance(lease.lost, threading.Event)
+    assert "_cond" not in vars(lease.lost)
+    assert not lease.lost.is_set() and not lease.lost.wait(0.001)
+    assert "_cond" in vars(lease.lost)
+
+
+def test_the_loss_of_a_lease_wakes_every_thread_that_waits_for_it() -> None:
+    """Threads that start waiting at once share one condition, and a set from another
+    thread wakes them all."""
+    lease = held_lease(60)
+    ready = threading.Barrier(9)
+    woken: list[bool] = []
+
+    def wait() -> None:
+        ready.wait()
+        woken.append(lease.lost.wait(30))
+
+    threads = [threading.Thread(target=wait) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    time.sleep(0.05)
+    lease._mark_lost(LossReason.LOCAL_DEADLINE)
+    for thread in threads:
+        thread.join(30)
+    assert woken == [True] * 8
+    lease.lost.clear()
+    assert not lease.lost.is_set()

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
 
 #: Leases renewed by one statement of ``renew_many`` where a dialect bounds it
 #: (MySQL/MariaDB, SQLite; PostgreSQL renews any number in one).
@@ -55,6 +57,12 @@ class Dialect:
 
     def ttl_param(self, ttl: float) -> Any:
         raise NotImplementedError
+
+    def read_time(self, column: str) -> str:
+        """SQL that reads time ``column`` where many rows are read at once (a batch
+        renewal): as it is, or as whole microseconds since the epoch (an integer, which
+        :func:`aware` turns into a datetime) where the driver parses a time slowly."""
+        return column
 
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         raise NotImplementedError
@@ -165,6 +173,8 @@ def aware(value: Any) -> datetime | None:
     naive UTC, SQLite may give a string."""
     if value is None:
         return None
+    if isinstance(value, int):  # microseconds since the epoch (see Dialect.read_time)
+        return _EPOCH + timedelta(microseconds=value)
     if isinstance(value, str):
         value = parse_datetime(value)
         if value is None:

@@ -117,6 +117,12 @@ class PostgreSQLDialect(Dialect):
     def ttl_param(self, ttl: float) -> Any:
         return round(ttl * 1_000_000)
 
+    def read_time(self, column: str) -> str:
+        # Django's loader of timestamptz is pure Python (a third of the client's time in a
+        # 10,000-lease batch renewal); an integer is read in C. extract() gives a numeric:
+        # exact to the microsecond.
+        return f"(extract(epoch from {column}) * 1000000)::bigint"
+
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         return f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING"
 
@@ -216,17 +222,18 @@ class PostgreSQLDialect(Dialect):
     ) -> list[Sequence[Any]]:
         # Locked first (FOR NO KEY UPDATE, as an UPDATE locks), then updated: the lock
         # re-checks the condition on the row's newest version, so the UPDATE that
-        # follows in the same statement changes only rows that meet it.
+        # follows in the same statement changes only rows that meet it. The UPDATE finds
+        # each row by the place the lock found it at (ctid: no second index search).
         lock = "FOR NO KEY UPDATE OF l SKIP LOCKED"
         sql = (
             "WITH b (b_name, b_holder, b_token) AS (SELECT * FROM "
             "unnest(%s::text[], %s::text[], %s::bigint[])), "
-            "mine AS MATERIALIZED (SELECT l.name AS m_name, l.holder AS m_holder, "
+            "mine AS MATERIALIZED (SELECT l.ctid AS m_ctid, l.holder AS m_holder, "
             f"l.token AS m_token FROM {table} l JOIN b "
             "ON l.name = b.b_name AND l.holder = b.b_holder AND l.token = b.b_token "
             f"WHERE l.expires_at > {self.now()} {lock}) "
             f"UPDATE {table} SET renewed_at = {self.now()}, expires_at = {self.expiry()} "
-            "FROM mine WHERE name = m_name AND holder = m_holder AND token = m_token "
+            "FROM mine WHERE ctid = m_ctid AND holder = m_holder AND token = m_token "
             f"AND expires_at > {self.now()} RETURNING {select}"
         )
         names = [key[0] for key in keys]

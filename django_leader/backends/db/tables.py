@@ -74,8 +74,12 @@ class LeaseTables:
         self.candidates = ops.quote_name(LeaseCandidate._meta.db_table)
         self.store = ops.quote_name(LeaseStore._meta.db_table)
         # The columns of a Lease, then who a standing hand-over request names.
-        self.select = ", ".join(COLUMNS) + (
-            f", CASE WHEN handover_until > {dialect.now()} THEN handover_to ELSE '' END"
+        handover = f", CASE WHEN handover_until > {dialect.now()} THEN handover_to ELSE '' END"
+        self.select = ", ".join(COLUMNS) + handover
+        #: :attr:`select` for many rows at once (times as :meth:`Dialect.read_time` reads
+        #: them; :meth:`row` takes either).
+        self.select_many = (
+            ", ".join(dialect.read_time(c) if c.endswith("_at") else c for c in COLUMNS) + handover
         )
         #: The prefix of this store's wake-up channels (see ``wakeups.channel``).
         self.channel_prefix = f"{alias}:{self.leases}"

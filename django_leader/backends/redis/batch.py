@@ -4,8 +4,9 @@ on its own exactly as by a single renewal."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from django_leader.backends.redis.store import RedisStore, to_ms
+from django_leader.backends.redis.store import RedisStore, text, to_ms, to_time
 from django_leader.lease import Lease
 
 #: Leases renewed by one script of :meth:`RedisBackend.renew_many` (the scripts of a batch
@@ -42,12 +43,38 @@ class BatchRenewal(RedisStore):
             args = [arg for name, holder, token in chunk for arg in (holder, token, name)]
             calls.append([len(script_keys) + 1, *script_keys, terms, ms, *args])
         replies = self.pipelined(self._renew_many, calls, durable=True)
-        found = {
-            key: reply
-            for (_, chunk), chunk_replies in zip(chunks, replies, strict=True)
-            for key, reply in zip(chunk, chunk_replies, strict=True)
-        }
-        return [
-            self._renewed(lease.name, found[(lease.name, lease.holder, lease.token)])
-            for lease in leases
-        ]
+        found: dict[tuple[str, str, int], Lease | None] = {}
+        for (_, chunk), reply in zip(chunks, replies, strict=True):
+            found.update(zip(chunk, self._renewals(chunk, reply), strict=True))
+        return [found[(lease.name, lease.holder, lease.token)] for lease in leases]
+
+    def _renewals(self, chunk: list[tuple[str, str, int]], reply: Any) -> list[Lease | None]:
+        """The leases one ``RENEW_MANY`` script answered for ``chunk`` (None where it
+        refused): one string of records to split, times read once (see the script)."""
+        now, expires, records, handovers = reply
+        lines = text(records).split("\n")
+        if len(lines) != len(chunk):
+            raise self.unavailable(
+                ValueError(f"the renewal script answered {len(lines)} leases of {len(chunk)}")
+            )
+        renewed_at, expires_at = to_time(now), to_time(expires)
+        standing = iter(handovers)
+        renewed: list[Lease | None] = []
+        for (name, holder, token), line in zip(chunk, lines, strict=True):
+            if not line:
+                renewed.append(None)
+                continue
+            acquired, transitions, handover = line.split("\t")
+            renewed.append(
+                Lease(
+                    name=name,
+                    holder=holder,
+                    token=token,
+                    transitions=int(transitions),
+                    acquired_at=to_time(acquired),
+                    renewed_at=renewed_at,
+                    expires_at=expires_at,
+                    handover_to=text(next(standing)) if handover == "1" else "",
+                )
+            )
+        return renewed
