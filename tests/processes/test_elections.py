@@ -33,7 +33,7 @@ import pytest
 from django.db import connections
 
 from django_leader import Elector
-from django_leader.backends.base import Backend
+from django_leader.backends.base import Backend, Watch
 from django_leader.backends.cache import CacheBackend
 from django_leader.backends.db import DatabaseBackend
 from django_leader.backends.zookeeper import ZooKeeperBackend
@@ -567,6 +567,19 @@ def hand_over_once(store: Backend, mode: str, size: int) -> Handover:
                 timeout=STARTUP,
                 message=lambda: f"never queued: {waiting - registry()}",
             )
+
+        # Every watch live before the hand-over: a race watcher is woken once as it comes
+        # live (a release it missed meanwhile), and on a loaded machine ZooKeeper's watch
+        # thread arms a backend's 50 watches one after the other, so the last came live
+        # after the followers had settled and its candidate tried twice in the hand-over.
+        def watches() -> list[Watch]:
+            return [watch for backend in backends for watch in backend.watches]
+
+        wait_until(
+            lambda: len(watches()) == size and all(watch.live for watch in watches()),
+            timeout=STARTUP,
+            message=lambda: f"{sum(not watch.live for watch in watches())} watches not live",
+        )
 
         def quiet() -> bool:
             recent = log.between(clock() - 0.5)

@@ -74,6 +74,8 @@ class CountingBackend(Backend):
         self.returned = returned
         self.history_database = real.history_database
         self.rows_database = real.rows_database
+        #: Every watch the store gave (whether each is :attr:`~Watch.live` yet).
+        self.watches: list[Watch] = []
 
     def __repr__(self) -> str:
         return f"<CountingBackend of {self.real!r}>"
@@ -149,7 +151,10 @@ class CountingBackend(Backend):
             with self._note("woken", identity or ""):
                 callback()
 
-        return self.real.watch(name, woken, identity=identity)
+        watch = self.real.watch(name, woken, identity=identity)
+        if watch is not None:
+            self.watches.append(watch)
+        return watch
 
     def wake(self, name: str, identity: str | None = None) -> None:
         with self._note("wake", identity or ""):
