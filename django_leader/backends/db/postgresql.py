@@ -222,18 +222,17 @@ class PostgreSQLDialect(Dialect):
     ) -> list[Sequence[Any]]:
         # Locked first (FOR NO KEY UPDATE, as an UPDATE locks), then updated: the lock
         # re-checks the condition on the row's newest version, so the UPDATE that
-        # follows in the same statement changes only rows that meet it. The UPDATE finds
-        # each row by the place the lock found it at (ctid: no second index search).
+        # follows in the same statement changes only rows that meet it.
         lock = "FOR NO KEY UPDATE OF l SKIP LOCKED"
         sql = (
             "WITH b (b_name, b_holder, b_token) AS (SELECT * FROM "
             "unnest(%s::text[], %s::text[], %s::bigint[])), "
-            "mine AS MATERIALIZED (SELECT l.ctid AS m_ctid, l.holder AS m_holder, "
+            "mine AS MATERIALIZED (SELECT l.name AS m_name, l.holder AS m_holder, "
             f"l.token AS m_token FROM {table} l JOIN b "
             "ON l.name = b.b_name AND l.holder = b.b_holder AND l.token = b.b_token "
             f"WHERE l.expires_at > {self.now()} {lock}) "
             f"UPDATE {table} SET renewed_at = {self.now()}, expires_at = {self.expiry()} "
-            "FROM mine WHERE ctid = m_ctid AND holder = m_holder AND token = m_token "
+            "FROM mine WHERE name = m_name AND holder = m_holder AND token = m_token "
             f"AND expires_at > {self.now()} RETURNING {select}"
         )
         names = [key[0] for key in keys]
