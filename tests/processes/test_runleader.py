@@ -231,14 +231,15 @@ def test_sigterm_leader_hands_over_within_a_second(
     after = next_writer(out, first)
     handover = after[0][2] - termed_at
     print(f"SIGTERM handover: {handover:.3f}s")
-    # Released, not expired: the follower wrote before the lease could have expired. (Its
-    # speed — under a second on a quiet machine, 1.76 s once under CI's load — is
-    # measured by make bench, not asserted here.)
-    assert handover < TTL
     assert not alive(first[0])
     assert_one_writer_at_a_time(lines(out))
+    # Released, not expired: the history has the leader's release, then the next holder's
+    # plain acquisition (a lease taken after its holder's term ran out would be recorded
+    # as taken over). Its speed — under a second on a quiet machine, 3.3 s once under CI's
+    # load, past the TTL this test once bounded it by — is measured by make bench.
     kinds = [event[:2] for event in history(fleet.backend, lease_name)]
-    assert ("released", leader) in kinds
+    released = kinds.index(("released", leader))
+    assert [kind for kind, _ in kinds[released + 1 :]][:1] == ["acquired"], kinds
 
 
 def just_renewed(fleet: Fleet, name: str, times: int = 1) -> None:
