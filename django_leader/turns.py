@@ -219,6 +219,9 @@ class Follower:
         ``on_new_leader`` and to know when that lease would run out)."""
         campaigner = self.campaigner
         identity, mode = campaigner.identity, campaigner.mode
+        listed = self._listed_turn(session) if mode is Mode.FIFO else None
+        if listed is not None:
+            return listed
         members = self._read_members(session)
         if members is None:
             return True
@@ -239,6 +242,62 @@ class Follower:
         holder = current.holder
         self.place = place(identity, [m for m in members if m.identity != holder], mode)
         return may_try(identity, members, mode, holder=holder)
+
+    def _listed_turn(self, session: Caller) -> bool | None:
+        """fifo, where the store lists its registry for less than it reads it
+        (:meth:`~django_leader.backends.base.Backend.queued_ahead`: ZooKeeper, where a
+        registry read is a request per candidate): whether it is this candidate's turn, in
+        a few requests whatever the queue's length, its place by the listing. With two or
+        more entries ahead (a newcomer: behind all of them), the lease held: not its turn
+        (the listing and the lease read). Else the head of the queue decides
+        (``next_in_line``, which drops the dead entries it meets first, so that they never
+        block the queue), and the holder, if still listed at the head, is passed over.
+        None: read the whole registry instead (a receiver of the membership signals needs
+        it, the store has no cheaper listing, or a read failed)."""
+        if self.membership.heard():
+            return None
+        campaigner = self.campaigner
+        backend, identity = campaigner.backend, campaigner.identity
+        answered, ahead = self._ask(
+            session, functools.partial(backend.queued_ahead, identity=identity), "its place"
+        )
+        if not answered or ahead is None:
+            return None
+        self.place = ahead  # at most: some ahead may be dead, or gone since
+        current: Lease | None = None
+        if ahead >= 2:
+            answered, current = self._read_lease(session)
+            if not answered:
+                return None
+            if current is not None:
+                return False
+        head = functools.partial(backend.next_in_line, mode=Mode.FIFO)
+        answered, first = self._ask(session, head, "the head of the queue")
+        if not answered:
+            return None
+        if first is None or first.identity == identity:
+            return True
+        if current is None:
+            answered, current = self._read_lease(session)
+            if not answered:
+                return None
+        if current is None or current.holder != first.identity:
+            return False
+        # The holder is still listed (its withdrawal failed): it is not waiting.
+        answered, after = self._ask(
+            session, functools.partial(head, holder=current.holder), "the head of the queue"
+        )
+        return answered and (after is None or after.identity == identity)
+
+    def _read_lease(self, session: Caller) -> tuple[bool, Lease | None]:
+        """Who holds the lease (``seen``, and ``on_new_leader`` if it is new)."""
+        sent = clock()
+        answered, current = self._ask(session, self.campaigner.backend.read, "the lease")
+        if answered:
+            self.seen, self.seen_sent = current, sent
+            if current is not None:
+                self._observe(current)
+        return answered, current
 
     def _ask(
         self, session: Caller, operation: Callable[[str], T], what: str

@@ -226,6 +226,17 @@ class Backend(ABC):
         members = self.candidates(name)
         return None if members is None else next_in_line(members, mode, holder=holder)
 
+    def queued_ahead(self, name: str, identity: str) -> int | None:
+        """How many entries of ``name``'s registry are ahead of ``identity`` in join
+        order, live or not (so at least its place in a ``fifo`` queue): those that joined
+        before its entry, or all of them if it has none (it would join behind them).
+        Only where the store lists its registry for less than :meth:`candidates` reads
+        it: one request whatever its length, no entry's heartbeat read (ZooKeeper, where
+        :meth:`candidates` reads each entry); a waiting ``fifo`` candidate then reads it,
+        the lease and :meth:`next_in_line` instead of :meth:`candidates`. None by default:
+        the candidate reads :meth:`candidates`."""
+        return None
+
     # -- history ----------------------------------------------------------------------------
     #: The database alias the history (``django_leader.models.LeaseEvent``) is written to,
     #: or None without history.

@@ -144,6 +144,10 @@ class CountingBackend(Backend):
         with self._note("next_in_line"):
             return self.real.next_in_line(name, mode, holder=holder)
 
+    def queued_ahead(self, name: str, identity: str) -> int | None:
+        with self._note("queued_ahead", identity):
+            return self.real.queued_ahead(name, identity)
+
     def watch(
         self, name: str, callback: Callable[[], None], *, identity: str | None = None
     ) -> Watch | None:

@@ -124,6 +124,13 @@ class Candidacies(EnsembleClock):
                 return found
         return None
 
+    def queued_ahead(self, name: str, identity: str) -> int | None:
+        """The queue's children (one request, no candidate's data read): how many joined
+        before ``identity``'s node, or all of them if it has none."""
+        prefix = candidate_prefix(identity)
+        queue = self._queue(self.client, name)
+        return next((i for i, node in enumerate(queue) if node.startswith(prefix)), len(queue))
+
     def _live(self, name: str, node: str, result: Any) -> Candidate | None:
         """The candidate of ``node`` from its data (``result``: a pending get), or None if
         it is gone; one whose heartbeat has run out is deleted on the way."""
