@@ -49,8 +49,8 @@ part's 120-second ttl), started for the run: the shared servers' counters would 
 other clients too, and the shared PostgreSQL allows 100 connections (each waiting Elector
 holds one). The handover is ``stop`` of the leading Elector (the same path as SIGTERM);
 the counters are read before it and :data:`LOAD_WINDOW` seconds after, and the idle rate,
-measured just before, is subtracted. The trace gives how many candidates were woken and
-how many tried to acquire.
+measured just before (:data:`IDLE_WINDOW`), is subtracted. The trace gives how many
+candidates were woken and how many tried to acquire.
 """
 
 from __future__ import annotations
@@ -87,6 +87,14 @@ LOAD_TTL, LOAD_RENEW, LOAD_RETRY = 120.0, 40.0, 40.0
 PER_PROCESS = 100
 #: Seconds counted after each handover of the load part.
 LOAD_WINDOW = 1.5
+#: Newly started candidates join in a burst (each lists the queue, creates its entry,
+#: arms its watches): before the idle rate is measured, the load part waits until the
+#: clients send at most QUIET requests a second over a QUIET_WINDOW, for QUIET_FOR seconds
+#: at most. The idle rate is measured over IDLE_WINDOW: two handover windows, since the
+#: idle traffic comes in bursts (heartbeats, polls) that a short window over- or
+#: under-counts, and the handover's count is what is left once it is subtracted.
+QUIET, QUIET_WINDOW, QUIET_FOR = 5.0, 0.5, 30.0
+IDLE_WINDOW = 2 * LOAD_WINDOW
 #: Handovers per configuration of the load part.
 LOAD_ROUNDS = 3
 #: The columns of the load table (load_row), here and in bench/report.py.
@@ -100,6 +108,8 @@ LOAD_HEADER = [
     "commands run",
     "of which (mean per handover)",
     "handover",
+    "idle requests/s",
+    "requests to join",
 ]
 #: The parts, in the order they run.
 PARTS = ("handover", "reference", "crash", "peers", "load")
@@ -769,6 +779,9 @@ class Load:
     woken: list[int]
     tried: list[int]
     gaps: list[float]
+    #: Requests the clients sent while the candidates added for this size joined (from
+    #: the start of the first new process until the store was quiet again).
+    joining: float = 0.0
 
 
 def load_series(log: Log, store: PrivateStore, mode: str, sizes: list[int]) -> list[Load]:
@@ -793,6 +806,7 @@ def load_series(log: Log, store: PrivateStore, mode: str, sizes: list[int]) -> l
         leader = (holder, found[2][1])
         waiting = 0
         for size in sizes:
+            joined_from = store.counts()
             while waiting < size:
                 count = min(PER_PROCESS, size - waiting)
                 argv = candidate_argv(name, mode, True, timing, electors=count, wait=False)
@@ -803,15 +817,17 @@ def load_series(log: Log, store: PrivateStore, mode: str, sizes: list[int]) -> l
                 180,
                 f"{label} {size}: {size} candidates ready",
             )
-            time.sleep(0.5)
+            quiet(store)
+            joined = store.counts()
+            joining = sent(store.label, {k: joined[k] - joined_from.get(k, 0) for k in joined})
             pids = {p.pid for p in procs}
             mark = log.mark()
             before, started = store.counts(), clock()
-            time.sleep(LOAD_WINDOW)
+            time.sleep(IDLE_WINDOW)
             after, ended = store.counts(), clock()
             idle = {k: (after[k] - before[k]) / (ended - started) for k in after | before}
             idle_tries = len(traced(log, mark, "acq", started, ended, pids)) / (ended - started)
-            result = Load(store.label, mode, size, idle, [], [], [], [])
+            result = Load(store.label, mode, size, idle, [], [], [], [], joining)
             for _ in range(LOAD_ROUNDS):
                 mark = log.mark()
                 owner, identity = leader
@@ -1364,17 +1380,11 @@ CLIENT_COMMANDS = {
 
 def load_row(result: Load) -> str:
     totals = [sum(r.values()) for r in result.rounds]
+    requests = [sent(result.store, r) for r in result.rounds]
     if result.store == "zookeeper":
-        # requests: what the clients sent; commands run: the reads and writes among them
-        # (a multi is one write); the rest of the row is what mntr counted besides.
-        requests = [r.get("packets received", 0.0) for r in result.rounds]
+        # commands run: the reads and writes among the requests (a multi is one write); the
+        # rest of the row is what mntr counted besides.
         totals = [r.get("reads", 0.0) + r.get("writes", 0.0) for r in result.rounds]
-    elif result.store == "redis":
-        requests = [
-            sum((v for k, v in r.items() if k in CLIENT_COMMANDS), 0.0) for r in result.rounds
-        ]
-    else:  # every statement is a request
-        requests = totals
     kinds: dict[str, float] = {}
     for r in result.rounds:
         for key, value in r.items():
@@ -1385,8 +1395,35 @@ def load_row(result: Load) -> str:
         f"| {result.store} | {result.mode} | {result.size} | "
         f"{statistics.median(result.woken):.0f} | {statistics.median(result.tried):.0f} | "
         f"{statistics.median(requests):.0f} | {statistics.median(totals):.0f} | {top} | "
-        f"{ms(statistics.median(result.gaps))} |"
+        f"{ms(statistics.median(result.gaps))} | {sent(result.store, result.idle):.1f} | "
+        f"{result.joining:.0f} |"
     )
+
+
+def quiet(store: PrivateStore) -> None:
+    """Wait until ``store``'s clients are quiet (see :data:`QUIET`), or QUIET_FOR s."""
+    give_up = clock() + QUIET_FOR
+    before, started = store.counts(), clock()
+    while clock() < give_up:
+        time.sleep(QUIET_WINDOW)
+        after, ended = store.counts(), clock()
+        rate = sent(store.label, {k: after[k] - before.get(k, 0) for k in after}) / (
+            ended - started
+        )
+        if rate <= QUIET:
+            return
+        before, started = after, ended
+
+
+def sent(store: str, counts: dict[str, float]) -> float:
+    """The requests the clients sent among a store's ``counts``: on ZooKeeper the packets
+    it received, on Redis the commands clients send (the others ran inside scripts), on
+    the databases every statement."""
+    if store == "zookeeper":
+        return counts.get("packets received", 0.0)
+    if store == "redis":
+        return sum((v for k, v in counts.items() if k in CLIENT_COMMANDS), 0.0)
+    return sum(counts.values())
 
 
 if __name__ == "__main__":

@@ -326,11 +326,14 @@ def load_section(part: dict[str, Any]) -> str:
         "`race` and `fifo`, on private servers started for the part (PostgreSQL with "
         "`pg_stat_statements`, Redis `INFO commandstats`, ZooKeeper `mntr`): "
         f"{data['rounds']} handovers each, counted for {data['window']:g} s from the stop of "
-        "the leading Elector, the idle rate subtracted; `LEASE_TTL` 120 s so that the idle "
-        'traffic stays out of the windows. "requests" are what the clients sent (on Redis '
+        "the leading Elector, the idle rate (measured over 3 s, once the candidates' joining "
+        "has quietened: at most 5 requests a second) subtracted; `LEASE_TTL` 120 s so that "
+        'the idle traffic stays out of the windows. "requests" are what the clients sent (on Redis '
         "the `EVALSHA`, `PUBLISH` and connection commands; the other commands ran inside "
         'the scripts), "commands run" what the store executed; "woken" and "acquire '
-        "attempts\" come from the candidates' trace.\n"
+        'attempts" come from the candidates\' trace; "idle requests/s" what the clients '
+        'sent while nothing happened, and "requests to join" while the candidates added '
+        "for that row (10, then 90, then 400) joined the queue.\n"
     )
     out.append(table(data["header"], data["rows"]))
     out.append("![Store load per handover](benchmarks/load.png)\n")
