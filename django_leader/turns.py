@@ -230,14 +230,9 @@ class Follower:
             return True
         if self.place is None:
             self.candidacy.due = 0.0  # not queued (expired, or new): join at once
-        self.seen_sent = clock()
-        answered, current = self._ask(session, campaigner.backend.read, "the lease")
-        if not answered:
+        answered, current = self._read_lease(session)
+        if not answered or current is None:
             return False
-        self.seen = current
-        if current is None:
-            return False
-        self._observe(current)
         # The holder may still be listed (its withdrawal failed): it is not waiting.
         holder = current.holder
         self.place = place(identity, [m for m in members if m.identity != holder], mode)

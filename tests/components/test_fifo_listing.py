@@ -1,12 +1,13 @@
-"""A fifo follower deep in a queue the store lists cheaply (``Backend.queued_ahead``:
-ZooKeeper) waits on the listing and the lease alone, not on a read of every candidate.
+"""A waiting fifo candidate, where the store lists its queue cheaply
+(``Backend.queued_ahead``: ZooKeeper), reads the listing, the lease and the head of the
+queue, not every candidate.
 
-Found by ``make bench`` (the load part, 2026-11-28): with 500 fifo candidates waiting on
-ZooKeeper, the store served 927 requests a second while nothing happened, because every
-follower's poll read the whole registry (one request per candidate on ZooKeeper): a cost
-of the square of the queue's length. The logic runs on ``MemoryBackend`` (a registry
-listed like ZooKeeper's: dead entries stay listed until somebody drops them), and on a
-real ZooKeeper.
+Found by ``make bench`` (the load part, 2026-11-28): every waiting fifo candidate read the
+whole registry at each poll, its first (before joining) included, and on ZooKeeper that
+is a request per candidate: a cost of the square of the queue's length (with 500
+candidates, 49,378 requests for 400 of them to join, 1,008 a second while they waited).
+The logic runs on ``MemoryBackend`` (a registry listed like ZooKeeper's: dead entries
+stay listed until somebody drops them), and on a real ZooKeeper.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...election import Candidate, Mode
 from .clock import EnsembleClock
-from .layout import candidate_prefix, to_ms, to_time
+from .layout import candidate_prefix, place_in, to_ms, to_time
 
 
 class Candidacies(EnsembleClock):
@@ -34,9 +34,9 @@ class Candidacies(EnsembleClock):
 
     def _my_node(self, client: Any, name: str, identity: str) -> str | None:
         """The node name of ``identity``'s candidacy for ``name`` (None if it has none)."""
-        prefix = candidate_prefix(identity)
-        mine = [child for child in self._queue(client, name) if child.startswith(prefix)]
-        return mine[0] if mine else None
+        queue = self._queue(client, name)
+        mine = place_in(queue, identity)
+        return None if mine is None else queue[mine]
 
     def announce(self, name: str, candidate: Candidate, ttl: float) -> None:
         from kazoo.exceptions import NoNodeError
@@ -127,9 +127,9 @@ class Candidacies(EnsembleClock):
     def queued_ahead(self, name: str, identity: str) -> int | None:
         """The queue's children (one request, no candidate's data read): how many joined
         before ``identity``'s node, or all of them if it has none."""
-        prefix = candidate_prefix(identity)
         queue = self._queue(self.client, name)
-        return next((i for i, node in enumerate(queue) if node.startswith(prefix)), len(queue))
+        mine = place_in(queue, identity)
+        return len(queue) if mine is None else mine
 
     def _live(self, name: str, node: str, result: Any) -> Candidate | None:
         """The candidate of ``node`` from its data (``result``: a pending get), or None if

@@ -53,6 +53,13 @@ def candidate_prefix(identity: str) -> str:
     return f"c{digest(identity)}-"
 
 
+def place_in(queue: list[str], identity: str) -> int | None:
+    """The index of ``identity``'s candidate znode in ``queue`` (a queue's children in
+    join order), None if it has none there."""
+    prefix = candidate_prefix(identity)
+    return next((i for i, node in enumerate(queue) if node.startswith(prefix)), None)
+
+
 def encode_name(name: str) -> str:
     """A lease name as one znode name (percent-encoded; '.' too, since '.' and '..' are
     not znode names)."""

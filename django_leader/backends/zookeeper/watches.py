@@ -12,7 +12,7 @@ from typing import Any
 
 from ...exceptions import BackendUnavailable
 from .candidates import Candidacies
-from .layout import candidate_prefix
+from .layout import place_in
 
 logger = logging.getLogger("django_leader")
 
@@ -278,8 +278,7 @@ class Hub:
             self._arm_one(watch, lease, _LEASE)
         else:
             nodes = backend._queue(client, watch.name)
-            prefix = candidate_prefix(watch.identity)
-            mine = next((i for i, node in enumerate(nodes) if node.startswith(prefix)), None)
+            mine = place_in(nodes, watch.identity)
             if mine is not None and mine > 0:
                 before = ("exists", f"{backend._queue_path(watch.name)}/{nodes[mine - 1]}")
                 if not self._arm_one(watch, before, _PREDECESSOR):
