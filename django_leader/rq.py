@@ -65,8 +65,12 @@ def run_while_leader(
 
     def sleep_while_following() -> float:
         # Not RQ's own while following: a job overdue here (enqueued by the leader) would
-        # make it 0, a loop that never sleeps.
-        return sleep_interval() if gate.slots.leads else FOLLOWER_POLL
+        # make it 0, a loop that never sleeps. Nor just after this process was elected,
+        # before its jobs follow the records: an interval job it never ran has no next
+        # time, and RQ's answer is then 60 s (the schedule would stop for a minute).
+        if not gate.slots.leads:
+            return FOLLOWER_POLL
+        return sleep_interval() if gate.aligned else 0.0
 
     def stop_then_register_death(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -119,6 +123,11 @@ class _CronGate:
             request_stop(*args)
 
         return request_stop_between_jobs
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the jobs follow the records of the term this process leads in."""
+        return self._aligned is not None and self._aligned is self.slots.lease
 
     def lead(self, lease: Lease) -> None:
         self.slots.open(lease)

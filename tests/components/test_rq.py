@@ -97,6 +97,36 @@ def test_only_the_leader_enqueues_and_a_new_one_continues_the_schedule(
             elector.stop()
 
 
+def test_a_process_elected_between_its_enqueue_and_its_sleep_does_not_sleep_a_minute(
+    backend: Any, lease_name: str, queue: Queue
+) -> None:
+    """CI failure (stop 40, tests/processes/test_rq.py): RQ's loop enqueues, then asks how
+    long to sleep. A follower elected in between answered with RQ's own rule, and an
+    interval job it never ran has no next time: 60 s, the schedule stopped for a minute.
+    Now 0 until its jobs follow the records, and RQ's answer after that."""
+    crons = {label: scheduler(queue) for label in ("a", "b")}
+    electors = {
+        "a": run_while_leader(crons["a"], lease_name, identity="a", backend=backend, **TIMING)
+    }
+    try:
+        wait_until(lambda: leads(crons["a"]), timeout=WAIT, message="a was never elected")
+        assert len(crons["a"].enqueue_jobs()) == 1
+        electors["b"] = run_while_leader(
+            crons["b"], lease_name, identity="b", backend=backend, **TIMING
+        )
+        assert crons["b"].enqueue_jobs() == []  # b's loop, following
+        electors["a"].stop()
+        wait_until(lambda: leads(crons["b"]), timeout=WAIT, message="no takeover")
+        assert crons["b"].calculate_sleep_interval() == 0  # then its loop goes on at once
+        assert crons["b"].enqueue_jobs() == []  # aligned: due a minute after a's slot
+        sleep = crons["b"].calculate_sleep_interval()
+        assert 50 < sleep <= 60, sleep  # RQ's own answer now: that job's next time
+        assert queue.count == 1
+    finally:
+        for elector in electors.values():
+            elector.stop()
+
+
 def test_a_stop_request_waits_until_the_job_of_a_recorded_slot_is_enqueued(
     backend: Any, lease_name: str, queue: Queue, monkeypatch: Any
 ) -> None:
