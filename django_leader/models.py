@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
-from django.db import models
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+from django.conf import settings
+from django.db import connections, models
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .conf import MAX_IDENTITY_LENGTH, MAX_NAME_LENGTH
 from .lease import EventKind
+
+
+def _local_naive(database: str) -> bool:
+    """Whether the ORM gives and takes naive times of ``database`` in ``TIME_ZONE``:
+    PostgreSQL with ``USE_TZ = False`` (its columns hold instants, read and written in the
+    connection's time zone). Elsewhere naive times are UTC, as the stores write them."""
+    return not settings.USE_TZ and connections[database].vendor == "postgresql"
+
+
+def to_orm(value: datetime, database: str) -> datetime:
+    """An aware time as a value of a query on ``database`` (a filter, a field to write),
+    whatever ``USE_TZ``: aware, or naive UTC where the ORM refuses aware times (MySQL and
+    SQLite with ``USE_TZ = False``)."""
+    if settings.USE_TZ or connections[database].vendor == "postgresql":
+        return value
+    return value.astimezone(dt_timezone.utc).replace(tzinfo=None)
+
+
+def from_orm(value: datetime, database: str) -> datetime:
+    """A time the ORM read from ``database``, aware, in UTC, whatever ``USE_TZ`` (see
+    :func:`to_orm`)."""
+    if value.tzinfo is None:
+        zone = timezone.get_default_timezone() if _local_naive(database) else dt_timezone.utc
+        value = value.replace(tzinfo=zone)
+    return value.astimezone(dt_timezone.utc)
 
 
 class Lease(models.Model):

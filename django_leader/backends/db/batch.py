@@ -51,7 +51,7 @@ def _renew_chunk(
     if not keys:
         return []
     d = tables.dialect
-    rows = d.renew_rows(cursor, tables.leases, tables.select_many, keys, ttl)
+    rows = d.renew_rows(cursor, tables.leases, tables.select, keys, ttl)
     for row in rows:
         found[(row[0], row[1], int(row[3]))] = row
     if len(rows) == len(keys) or not d.skips_locked(cursor):

@@ -59,10 +59,18 @@ class Dialect:
         raise NotImplementedError
 
     def read_time(self, column: str) -> str:
-        """SQL that reads time ``column`` where many rows are read at once (a batch
-        renewal): as it is, or as whole microseconds since the epoch (an integer, which
-        :func:`aware` turns into a datetime) where the driver parses a time slowly."""
+        """SQL that reads time ``column`` (or expression) as :func:`aware` takes it: as it
+        is (naive UTC), or as whole microseconds since the epoch, an integer, where the
+        driver would give it in the session's time zone (PostgreSQL: Django's connection
+        is in ``TIME_ZONE`` when ``USE_TZ = False``) or parse it slowly."""
         return column
+
+    def time_param(self, connection: Any, value: datetime) -> Any:
+        """An aware time as a parameter of a statement on ``connection``, as the columns
+        hold times: naive UTC (whatever ``USE_TZ``: Django refuses aware times where it
+        is False)."""
+        naive = value.astimezone(dt_timezone.utc).replace(tzinfo=None)
+        return connection.ops.adapt_datetimefield_value(naive)
 
     def insert_ignore(self, table: str, columns: str, values: str) -> str:
         raise NotImplementedError

@@ -98,7 +98,7 @@ def _refused(
     # Held (the common case, one more statement), gated, or no row.
     cursor.execute(
         f"SELECT {tables.select}, {failover.gate(tables) if failover_known else 'TRUE'}, "
-        f"{now}, CASE WHEN holder <> '' AND expires_at > {now} THEN 1 ELSE 0 END "
+        f"{tables.now()}, CASE WHEN holder <> '' AND expires_at > {now} THEN 1 ELSE 0 END "
         f"FROM {tables.leases} WHERE name = %s",
         [name],
     )
@@ -311,7 +311,7 @@ def request_handover(
             tables.insert_event(
                 cursor, EventKind.HANDOVER, row, detail=detail or f"to {to}", actor=actor
             )
-        cursor.execute(f"SELECT {d.now()}", [])
+        cursor.execute(f"SELECT {tables.now()}", [])
         now = aware(cursor.fetchone()[0])
     held = row.holder and row.expires_at is not None and now is not None
     return row if held and row.expires_at > now else None  # type: ignore[operator]

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from typing import Any
 
 from ...exceptions import BackendUnavailable
@@ -117,10 +118,14 @@ class PostgreSQLDialect(Dialect):
     def ttl_param(self, ttl: float) -> Any:
         return round(ttl * 1_000_000)
 
+    def time_param(self, connection: Any, value: datetime) -> Any:
+        return value  # aware: a naive one would be read in the session's time zone
+
     def read_time(self, column: str) -> str:
         # Django's loader of timestamptz is pure Python (a third of the client's time in a
-        # 10,000-lease batch renewal); an integer is read in C. extract() gives a numeric:
-        # exact to the microsecond.
+        # 10,000-lease batch renewal), and with USE_TZ = False gives naive times in the
+        # session's time zone (TIME_ZONE); an integer is read in C, and is an instant.
+        # extract() gives a numeric: exact to the microsecond.
         return f"(extract(epoch from {column}) * 1000000)::bigint"
 
     def insert_ignore(self, table: str, columns: str, values: str) -> str:

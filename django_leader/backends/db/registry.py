@@ -78,8 +78,9 @@ def candidates_many(
         for start in range(0, len(names), batch):
             among, params = tables.dialect.among(names[start : start + batch])
             cursor.execute(
-                "SELECT name, identity, priority, host, pid, version, id, joined_at, seen_at, "
-                f"expires_at FROM {tables.candidates} "
+                "SELECT name, identity, priority, host, pid, version, id, "
+                f"{tables.timed('joined_at')}, {tables.timed('seen_at')}, "
+                f"{tables.timed('expires_at')} FROM {tables.candidates} "
                 f"WHERE name {among} AND expires_at > {tables.dialect.now()} ORDER BY id",
                 params,
             )

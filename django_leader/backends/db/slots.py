@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
+from django.db.models.expressions import RawSQL
 
 from ...exceptions import BackendUnavailable
 from ...lease import Lease
@@ -44,7 +45,9 @@ class DatabaseSlots(SlotStore):
         fenced: Callable[[Lease], AbstractContextManager[None]],
     ) -> None:
         self.alias = alias
-        self.now_sql = dialect.now()  # the server's clock, e.g. statement_timestamp()
+        self.dialect = dialect
+        # The server's clock (e.g. statement_timestamp()), read as an instant.
+        self.now_sql = dialect.read_time(dialect.now())
         #: The store's ``fenced()``: a transaction that commits only under the lease.
         self.fenced = fenced
 
@@ -85,21 +88,29 @@ class DatabaseSlots(SlotStore):
 
     def load(self, lease: Lease) -> dict[str, Slot]:
         def load() -> dict[str, Slot]:
-            return {
-                row.entry: Slot(row.entry, row.at, row.token, row.holder, row.task_id, row.sent)
-                for row in self._rows().filter(lease=lease.name)
-            }
+            # Each time as an instant, whatever USE_TZ and the connection's time zone.
+            column = connections[self.alias].ops.quote_name("at")
+            rows = self._rows().filter(lease=lease.name)
+            rows = rows.annotate(instant=RawSQL(self.dialect.read_time(column), ()))
+            found = {}
+            for row in rows:
+                at = aware(row.instant)
+                assert at is not None, row.entry  # the column is not null
+                found[row.entry] = Slot(row.entry, at, row.token, row.holder, row.task_id, row.sent)
+            return found
 
         return self._call(load)
 
     def claim(self, lease: Lease, slot: Slot) -> None:
+        from ...models import to_orm
+
         def claim() -> None:
             with self.fenced(lease):
                 self._rows().update_or_create(
                     lease=lease.name,
                     entry=slot.entry,
                     defaults={
-                        "at": slot.at,
+                        "at": to_orm(slot.at, self.alias),
                         "token": slot.token,
                         "holder": slot.holder,
                         "task_id": slot.task_id,

@@ -75,14 +75,23 @@ class LeaseTables:
         self.store = ops.quote_name(LeaseStore._meta.db_table)
         # The columns of a Lease, then who a standing hand-over request names.
         handover = f", CASE WHEN handover_until > {dialect.now()} THEN handover_to ELSE '' END"
-        self.select = ", ".join(COLUMNS) + handover
-        #: :attr:`select` for many rows at once (times as :meth:`Dialect.read_time` reads
-        #: them; :meth:`row` takes either).
-        self.select_many = (
-            ", ".join(dialect.read_time(c) if c.endswith("_at") else c for c in COLUMNS) + handover
-        )
+        # Times as Dialect.read_time reads them (instants, whatever the session's zone).
+        self.select = ", ".join(self.timed(c) for c in COLUMNS) + handover
         #: The prefix of this store's wake-up channels (see ``wakeups.channel``).
         self.channel_prefix = f"{alias}:{self.leases}"
+
+    def timed(self, column: str) -> str:
+        """``column`` of a select list, a time read as :meth:`Dialect.read_time` reads
+        it (named as the column)."""
+        if not column.endswith("_at"):
+            return column
+        read = self.dialect.read_time(column)
+        return column if read == column else f"{read} AS {column}"
+
+    def now(self) -> str:
+        """The server's clock in a select list, read as :meth:`Dialect.read_time` reads
+        it (give the answer to :func:`~.dialect.aware`)."""
+        return self.dialect.read_time(self.dialect.now())
 
     @contextmanager
     def cursor(self, atomic: bool) -> Iterator[Any]:
@@ -174,7 +183,7 @@ class LeaseTables:
         now = self.dialect.now()
         among, params = self.dialect.among(names)
         cursor.execute(
-            f"SELECT {self.select}, {now} FROM {self.leases} "
+            f"SELECT {self.select}, {self.now()} FROM {self.leases} "
             f"WHERE name {among} AND holder <> '' AND expires_at > {now}",
             params,
         )
@@ -214,7 +223,7 @@ class LeaseTables:
                     stamp = self.dialect.now()
                 else:
                     stamp = "%s"
-                    params.append(self.connect().ops.adapt_datetimefield_value(event.at))
+                    params.append(self.dialect.time_param(self.connect(), event.at))
                 params += [event.detail[:1000], event.actor[:255]]
                 rows.append(f"(%s, %s, %s, %s, %s, {stamp}, %s, %s)")
             cursor.execute(
