@@ -31,8 +31,8 @@ def to_orm(value: datetime, database: str) -> datetime:
 
 
 def from_orm(value: datetime, database: str) -> datetime:
-    """A time the ORM read from ``database``, aware, in UTC, whatever ``USE_TZ`` (see
-    :func:`to_orm`)."""
+    """A time the ORM read from one of django-leader's tables in ``database``, aware, in
+    UTC, whatever ``USE_TZ`` (see :func:`to_orm`)."""
     if value.tzinfo is None:
         zone = timezone.get_default_timezone() if _local_naive(database) else dt_timezone.utc
         value = value.replace(tzinfo=zone)

@@ -16,8 +16,10 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any, TypeVar, overload
+
+from django.utils import timezone
 
 from ..exceptions import LeaseHeld
 from ..lease import _use_lease
@@ -125,7 +127,9 @@ class TaskSingleton(SingletonSpec):
             raise exc
         countdown = retry_countdown(self.retry_delay)
         task_args = args[1:] if self.takes_context else args
-        later = datetime.now(timezone.utc) + timedelta(seconds=countdown)
+        # Django's now: aware, or naive local time with USE_TZ = False (where the ORM of
+        # a database task backend refuses an aware one).
+        later = timezone.now() + timedelta(seconds=countdown)
         result = task.using(run_after=later).enqueue(*task_args, **kwargs)
         logger.info("%s enqueued again to run in %.2fs (%s): %s", label, countdown, result.id, exc)
         return None

@@ -344,20 +344,27 @@ def test_singleton_on_locked_raise(store: DatabaseBackend) -> None:
         jobs.exclusive.call()
 
 
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "local-times"])
 def test_singleton_on_locked_retry_enqueues_it_again_later(
-    store: DatabaseBackend, task_log: Path
+    store: DatabaseBackend, task_log: Path, settings: Any, use_tz: bool
 ) -> None:
+    """With ``USE_TZ = False`` (and a TIME_ZONE other than UTC), ``run_after`` is Django's
+    naive local time: an aware one made the database task backend raise ``ValueError``."""
+    from django.utils.timezone import make_aware
     from django_tasks_db.models import DBTaskResult
 
     from testproject.demoapp import jobs
 
+    if not use_tz:
+        settings.USE_TZ, settings.TIME_ZONE = False, "Asia/Kathmandu"
     held(store, "singleton:retried-3")
     before = datetime.now(timezone.utc)
     assert jobs.retried.call(3, 0) is None
     (row,) = DBTaskResult.objects.filter(task_path="testproject.demoapp.jobs.retried")
     assert row.args_kwargs == {"args": [3, 0], "kwargs": {}}
+    run_after = row.run_after if use_tz else make_aware(row.run_after)
     # retry_delay=0.2 plus at most half of it in jitter
-    assert before + timedelta(seconds=0.2) <= row.run_after <= before + timedelta(seconds=5)
+    assert before + timedelta(seconds=0.2) <= run_after <= before + timedelta(seconds=5)
     assert logged(task_log) == []
 
 
