@@ -31,7 +31,7 @@ from ..conf import get_settings
 from ..election import Candidate
 from ..exceptions import BackendUnavailable
 from ..lease import Lease
-from ..models import LeaseEvent
+from ..models import LeaseEvent, from_orm, to_orm
 from ..tasks.entries import Entry, load_schedule
 from . import alerts, periods
 from .constants import DASHBOARD_LEASES, FLAPPING_TRANSITIONS, FLAPPING_WINDOW
@@ -102,7 +102,8 @@ def read_lease(
     row = LeaseRow(name, url, history_url)
     events = LeaseEvent.objects.using(store.history_db).filter(name=name)
     row.last = events.order_by("-at", "-id").first()
-    row.transitions = events.filter(kind__in=periods.STARTS, at__gt=now - FLAPPING_WINDOW).count()
+    since = to_orm(now - FLAPPING_WINDOW, store.history_db)
+    row.transitions = events.filter(kind__in=periods.STARTS, at__gt=since).count()
     if said.error:
         row.error = said.error
         return row
@@ -117,7 +118,10 @@ def read_lease(
     last = None
     if row.last is not None:
         last = periods.Change(
-            row.last.kind, row.last.holder, int(row.last.token), periods.utc(row.last.at)
+            row.last.kind,
+            row.last.holder,
+            int(row.last.token),
+            from_orm(row.last.at, store.history_db),
         )
     conf = get_settings().timing
     found = [

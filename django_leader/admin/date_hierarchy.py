@@ -17,6 +17,8 @@ from django.utils.functional import cached_property
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
+from ..models import from_orm, to_orm
+
 
 class HistoryChangeList(ChangeList):
     """The history's change list, with a date hierarchy that reads no row it does not show."""
@@ -40,7 +42,9 @@ class HistoryChangeList(ChangeList):
             bounds = rows.aggregate(first=Min(field), last=Max(field))
             first, last = bounds["first"], bounds["last"]
             if first is not None and last is not None:
-                first, last = timezone.localtime(first), timezone.localtime(last)
+                database = rows.db
+                first = timezone.localtime(from_orm(first, database))
+                last = timezone.localtime(from_orm(last, database))
                 if first.year == last.year:
                     year = first.year
                     if first.month == last.month:
@@ -98,7 +102,7 @@ def _buckets(rows: QuerySet[Any], field: str, kind: str, limit: int = 400) -> li
         first = candidates.aggregate(first=Min(field))["first"]
         if first is None:
             break
-        local = timezone.localtime(first)
+        local = timezone.localtime(from_orm(first, rows.db))
         if kind == "year":
             begin = local.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
             following = begin.replace(year=begin.year + 1)
@@ -114,5 +118,5 @@ def _buckets(rows: QuerySet[Any], field: str, kind: str, limit: int = 400) -> li
             following = begin + timedelta(days=1)
         found.append(begin)
         # Local midnight of the next bucket, as an aware time (DST-safe).
-        lower = timezone.make_aware(following.replace(tzinfo=None))
+        lower = to_orm(timezone.make_aware(following.replace(tzinfo=None)), rows.db)
     return found

@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import BackendUnavailable
-from ..models import LeaseEvent
+from ..models import LeaseEvent, from_orm
 from . import times
 from .constants import NAME_FILTER_LIMIT
 from .date_hierarchy import HistoryChangeList
@@ -121,7 +121,7 @@ class LeaseEventAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description=_("at"), ordering="at")
     def when(self, event: LeaseEvent) -> str:
-        return times.html(event.at)
+        return times.html(from_orm(event.at, event._state.db or Store.current().history_db))
 
     @admin.display(description=_("lease"), ordering="name")
     def lease(self, event: LeaseEvent) -> str:

@@ -12,6 +12,7 @@ Every time is shown to the second with its zone (:mod:`~django_leader.admin.time
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,6 +20,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, CharField, QuerySet, Value, When
 from django.http import (
     HttpRequest,
@@ -31,7 +33,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import BackendUnavailable
 from ..handover import Waiting, election_mode, waiting
-from ..models import Lease, LeaseEvent
+from ..models import Lease, LeaseEvent, from_orm
 from . import times
 from .actions import LeaseActions, _state_of, kept_query
 from .constants import (
@@ -61,11 +63,18 @@ def identity_html(value: str, empty: str = "-") -> str:
     return format_html('<span class="leader-id" title="{}">{}</span>', value, value)
 
 
+def _instant(row: Lease, value: datetime | None) -> datetime | None:
+    """A time of ``row`` (read through the ORM, or from a live store), aware, in UTC,
+    whatever ``USE_TZ``."""
+    return None if value is None else from_orm(value, row._state.db or DEFAULT_DB_ALIAS)
+
+
 def _seconds_left(row: Lease) -> float | None:
-    now = getattr(row, "store_now", None)
-    if now is None or row.expires_at is None:
+    now = _instant(row, getattr(row, "store_now", None))
+    expires = _instant(row, row.expires_at)
+    if now is None or expires is None:
         return None
-    return (utc(row.expires_at) - utc(now)).total_seconds()
+    return (expires - now).total_seconds()
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -220,19 +229,20 @@ class LeaseAdmin(ReadOnly, LeaseActions):
 
     @admin.display(description=_("acquired at"), ordering="acquired_at")
     def acquired_display(self, row: Lease) -> str:
-        return times.html(row.acquired_at, self.get_empty_value_display())
+        return times.html(_instant(row, row.acquired_at), self.get_empty_value_display())
 
     @admin.display(description=_("renewed at"), ordering="renewed_at")
     def renewed_display(self, row: Lease) -> str:
-        return times.html(row.renewed_at, self.get_empty_value_display())
+        return times.html(_instant(row, row.renewed_at), self.get_empty_value_display())
 
     @admin.display(description=_("expires at"), ordering="expires_at")
     def expires_display(self, row: Lease) -> str:
-        return times.html(row.expires_at, self.get_empty_value_display())
+        return times.html(_instant(row, row.expires_at), self.get_empty_value_display())
 
     @admin.display(description=_("checked at (store clock)"))
     def store_clock(self, row: Lease) -> str:
-        return times.html(getattr(row, "store_now", None), self.get_empty_value_display())
+        now = _instant(row, getattr(row, "store_now", None))
+        return times.html(now, self.get_empty_value_display())
 
     # -- pages ---------------------------------------------------------------------------
     def get_urls(self) -> list[Any]:
@@ -290,7 +300,7 @@ class LeaseAdmin(ReadOnly, LeaseActions):
         if chosen not in RANGES:
             chosen = DEFAULT_RANGE
         label, length = RANGES[chosen]
-        now = utc(getattr(row, "store_now", None) or store.now())
+        now = _instant(row, getattr(row, "store_now", None)) or utc(store.now())
         state = _state_of(row)
         first = first_event(store, row.name)
         start = range_start(first, now, length)

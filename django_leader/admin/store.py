@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.db.models import Q
-from django.utils import timezone
 
 from ..backends import get_backend
 from ..backends.base import Backend
@@ -103,4 +103,4 @@ class Store:
             return self.backend.now()
         except Exception as exc:  # any store failure: fall back to the web clock
             logger.warning("could not read the store's clock: %s", exc)
-            return timezone.now()
+            return datetime.now(dt_timezone.utc)

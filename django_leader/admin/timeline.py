@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..conf import get_settings
-from ..models import Lease, LeaseEvent
+from ..models import Lease, LeaseEvent, from_orm, to_orm
 from . import drawing, periods
 from .constants import LEADING, TIMELINE_EVENTS, UNKNOWN
 from .store import Store
@@ -23,7 +23,7 @@ def first_event(store: Store, name: str) -> datetime | None:
     """When the history of ``name`` begins: its oldest recorded event (None: it has none)."""
     events = LeaseEvent.objects.using(store.history_db).filter(name=name)
     first = events.order_by("at", "id").values_list("at", flat=True).first()
-    return periods.utc(first) if first is not None else None
+    return from_orm(first, store.history_db) if first is not None else None
 
 
 def range_start(first: datetime | None, now: datetime, length: timedelta | None) -> datetime:
@@ -50,10 +50,11 @@ def timeline_svg(
     read"), plus the term already running when the window opens; the store's view of the
     lease (``row``, in ``state``) ends the last term.
     """
-    events = LeaseEvent.objects.using(store.history_db).filter(name=row.name)
+    database = store.history_db
+    events = LeaseEvent.objects.using(database).filter(name=row.name)
     fields = ("kind", "holder", "token", "at")
     window = list(
-        events.filter(at__gte=start)
+        events.filter(at__gte=to_orm(start, database))
         .order_by("-at", "-id")
         .values_list(*fields)[: TIMELINE_EVENTS + 1]
     )
@@ -66,7 +67,7 @@ def timeline_svg(
         # Who held the lease when the window opens: its last acquisition before, unless
         # that term ended before the window too.
         opening = (
-            events.filter(at__lt=start, kind__in=periods.STARTS)
+            events.filter(at__lt=to_orm(start, database), kind__in=periods.STARTS)
             .order_by("-at", "-id")
             .values_list(*fields)
             .first()
@@ -75,7 +76,10 @@ def timeline_svg(
             before.append(opening)
             ended = (
                 events.filter(
-                    at__gte=opening[3], at__lt=start, token=opening[2], kind__in=periods.ENDS
+                    at__gte=opening[3],
+                    at__lt=to_orm(start, database),
+                    token=opening[2],
+                    kind__in=periods.ENDS,
                 )
                 .order_by("at", "id")
                 .values_list(*fields)
@@ -84,7 +88,7 @@ def timeline_svg(
             if ended is not None:
                 before.append(ended)
     changes = [
-        periods.Change(kind, holder, int(token), periods.utc(at))
+        periods.Change(kind, holder, int(token), from_orm(at, database))
         for kind, holder, token, at in [*before, *reversed(window)]
     ]
     if state == UNKNOWN:
@@ -93,11 +97,13 @@ def timeline_svg(
         current = periods.Current(
             row.holder,
             row.token if row.holder else None,
-            periods.utc(row.expires_at) if row.holder and row.expires_at else None,
+            from_orm(row.expires_at, database) if row.holder and row.expires_at else None,
         )
     else:
         current = periods.Current(
-            row.holder, row.token, periods.utc(row.expires_at) if row.expires_at else None
+            row.holder,
+            row.token,
+            from_orm(row.expires_at, store.lease_db) if row.expires_at else None,
         )
     terms = periods.holding_periods(
         changes,
@@ -111,6 +117,6 @@ def timeline_svg(
         now=now,
         current_holder=row.holder if state == LEADING else "",
         history_from=first,
-        read_from=periods.utc(read_from) if read_from else None,
+        read_from=from_orm(read_from, database) if read_from else None,
         title=f"Who held {row.name}, {label}",
     )

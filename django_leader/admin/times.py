@@ -10,7 +10,9 @@ is the exact instant, microseconds and UTC offset included.
 from __future__ import annotations
 
 from datetime import datetime
+from datetime import timezone as dt_timezone
 
+from django.conf import settings
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -22,13 +24,21 @@ FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 def local(value: datetime) -> datetime:
-    """``value`` (aware, or naive UTC as the stores write it) in the current time zone."""
+    """``value`` in the current time zone: aware, or naive as the ORM reads the history
+    database (UTC as the stores write it; with ``USE_TZ = False``, see
+    :func:`~django_leader.models.from_orm`)."""
+    if value.tzinfo is None and not settings.USE_TZ:
+        from ..backends import get_backend
+        from ..conf import get_settings
+        from ..models import from_orm
+
+        value = from_orm(value, get_backend().history_database or get_settings().database)
     return timezone.localtime(utc(value))
 
 
 def zone_name(value: datetime | None = None) -> str:
     """The current time zone's name at ``value`` (``UTC``, ``CET``, ``+0530``...)."""
-    moment = local(value) if value is not None else timezone.localtime()
+    moment = local(value if value is not None else datetime.now(dt_timezone.utc))
     return moment.tzname() or moment.strftime("%z")
 
 
