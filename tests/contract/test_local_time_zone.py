@@ -13,10 +13,15 @@ the other stores (Redis, ZooKeeper: events with their own time) was dropped.
 
 from __future__ import annotations
 
+import io
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.test import override_settings
 
 from django_leader.backends.db import DatabaseBackend
 from django_leader.backends.slots import Slot
@@ -125,3 +130,20 @@ def test_the_orm_reads_the_stores_times_as_the_instants_they_are(
     assert off < timedelta(milliseconds=1), (row.expires_at, lease.expires_at)
     event = LeaseEvent.objects.using(local_times).get(name=lease_name)
     assert near(from_orm(event.at, local_times), lease.acquired_at), event.at  # type: ignore[arg-type]
+
+
+def test_leader_history_gives_each_events_instant(local_times: str, lease_name: str) -> None:
+    """``manage.py leader history --json``: aware times (they were naive, and local on
+    PostgreSQL, with ``USE_TZ = False``)."""
+    store = DatabaseBackend(local_times)
+    try:
+        lease, _ = store.acquire(lease_name, "alice", 30)
+        assert lease is not None and lease.acquired_at is not None
+        assert store.flush_history(10)
+    finally:
+        store.close()
+    out = io.StringIO()
+    with override_settings(DJANGO_LEADER={**settings.DJANGO_LEADER, "DATABASE": local_times}):
+        call_command("leader", "history", lease_name, "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())
+    assert near(datetime.fromisoformat(row["at"]), lease.acquired_at), row

@@ -255,7 +255,7 @@ class Command(BaseCommand):
         return text
 
     def do_history(self, options: dict[str, Any]) -> int:
-        from django_leader.models import LeaseEvent
+        from django_leader.models import LeaseEvent, from_orm
 
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1", returncode=2)
@@ -264,7 +264,7 @@ class Command(BaseCommand):
         events = events.order_by("-at", "-id")[: options["limit"]]
         rows = [
             {
-                "at": e.at.isoformat(),
+                "at": from_orm(e.at, database).isoformat(),  # aware, whatever USE_TZ
                 "kind": e.kind,
                 "holder": e.holder,
                 "token": e.token,
