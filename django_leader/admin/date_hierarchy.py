@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Max, Min, QuerySet
 from django.utils import formats, timezone
@@ -22,6 +23,17 @@ from ..models import from_orm, to_orm
 
 class HistoryChangeList(ChangeList):
     """The history's change list, with a date hierarchy that reads no row it does not show."""
+
+    def get_filters(self, request: Any) -> Any:
+        specs, has_filters, lookup_params, duplicates, active = super().get_filters(request)
+        if not settings.USE_TZ and self.date_hierarchy:
+            # Django bounds a year, month or day in naive local time; MySQL and SQLite
+            # columns hold naive UTC (to_orm gives the bound as the column holds it).
+            database = self.root_queryset.db
+            for key in (f"{self.date_hierarchy}__gte", f"{self.date_hierarchy}__lt"):
+                if key in lookup_params:
+                    lookup_params[key] = _as_stored(lookup_params[key], database)
+        return specs, has_filters, lookup_params, duplicates, active
 
     @cached_property
     def hierarchy(self) -> dict[str, Any]:
@@ -91,6 +103,16 @@ class HistoryChangeList(ChangeList):
                 for y in _buckets(rows, field, "year")
             ],
         }
+
+
+def _as_stored(bound: Any, database: str) -> Any:
+    """A bound of Django's drill-down (a naive local time, or a list of one, as Django
+    4.2 and 5+ give it) as a value of ``database``'s column."""
+    if isinstance(bound, list):
+        return [_as_stored(value, database) for value in bound]
+    if isinstance(bound, datetime) and timezone.is_naive(bound):
+        return to_orm(timezone.make_aware(bound), database)
+    return bound
 
 
 def _buckets(rows: QuerySet[Any], field: str, kind: str, limit: int = 400) -> list[datetime]:

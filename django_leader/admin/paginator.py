@@ -25,7 +25,8 @@ def estimated_rows(rows: QuerySet[Any]) -> int | None:
     """
     connection = connections[rows.db]
     if connection.vendor == "postgresql":
-        sql, params = rows.order_by().query.sql_with_params()
+        # Compiled for this database (sql_with_params() compiles for the default one).
+        sql, params = rows.order_by().query.get_compiler(rows.db).as_sql()
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
             raw = cursor.fetchone()[0]

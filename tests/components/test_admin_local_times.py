@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -23,6 +23,7 @@ from django.test import Client
 from django.urls import reverse
 
 from django_leader.backends import get_backend
+from django_leader.lease import EventKind, HistoryEvent, Lease
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 
@@ -85,3 +86,22 @@ def test_every_page_shows_the_stores_instants_in_the_zone(
         at__year=str(lease.acquired_at.astimezone(ZoneInfo(ZONE)).year),
     )
     assert lease_name in year
+
+
+def test_the_history_drill_down_counts_days_in_the_zone(
+    admin_client: Client, store: Any, lease_name: str
+) -> None:
+    """Review of this change: Django bounds a day of the drill-down in naive local time,
+    and MySQL and SQLite columns hold naive UTC: the day of an event written at
+    20:00 UTC (01:45 the next day in the zone) listed it a day early there."""
+    at = datetime(2026, 3, 10, 20, 0, tzinfo=timezone.utc)  # 2026-03-11 01:45 in the zone
+    lease = Lease(lease_name, "alice", 1, at, at, at + timedelta(seconds=30), 1)
+    store.write_events([HistoryEvent(EventKind.ACQUIRED, lease, at, "", "")])
+    url = reverse("admin:django_leader_leaseevent_changelist")
+
+    def listed(day: int) -> bool:
+        params = {"at__year": "2026", "at__month": "3", "at__day": str(day)}
+        html = page(admin_client, url, name=lease_name, **params)
+        return 'class="field-holder_id"' in html  # a row of the list
+
+    assert listed(11) and not listed(10)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 
 from django_leader.backends.db import DatabaseBackend
@@ -147,3 +149,41 @@ def test_leader_history_gives_each_events_instant(local_times: str, lease_name: 
         call_command("leader", "history", lease_name, "--json", stdout=out)
     (row,) = json.loads(out.getvalue())
     assert near(datetime.fromisoformat(row["at"]), lease.acquired_at), row
+
+
+@pytest.fixture
+def database_zone(db_alias: str) -> Iterator[str]:
+    """``USE_TZ = True`` and ``DATABASES[db_alias]["TIME_ZONE"]`` :data:`ZONE` (a legacy
+    database that keeps local times: the ORM writes and reads them in that zone)."""
+    connection = connections[db_alias]
+
+    def reset() -> None:
+        connection.close()
+        for cached in ("timezone", "timezone_name"):
+            connection.__dict__.pop(cached, None)
+
+    saved = connection.settings_dict.get("TIME_ZONE")
+    connection.settings_dict["TIME_ZONE"] = ZONE
+    reset()
+    yield db_alias
+    connection.settings_dict["TIME_ZONE"] = saved
+    reset()
+
+
+def test_a_beat_slot_keeps_its_instant_in_a_database_of_local_times(
+    database_zone: str, lease_name: str
+) -> None:
+    """Review of this change: with the slots read raw and written through the ORM, a
+    database whose ``TIME_ZONE`` is set gave the slot back off by the zone's offset (MySQL,
+    SQLite). Both ways go through the ORM."""
+    store = DatabaseBackend(database_zone)
+    try:
+        lease, _ = store.acquire(lease_name, "alice", 30)
+        assert lease is not None
+        lease.deadline = clock() + 20
+        at = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+        slots = store.slots()
+        slots.claim(lease, Slot("digest", at, lease.token, lease.holder, "task-1"))
+        assert slots.load(lease)["digest"].at == at
+    finally:
+        store.close()

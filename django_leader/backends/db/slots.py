@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
-from django.db.models.expressions import RawSQL
 
 from ...exceptions import BackendUnavailable
 from ...lease import Lease
@@ -45,7 +44,6 @@ class DatabaseSlots(SlotStore):
         fenced: Callable[[Lease], AbstractContextManager[None]],
     ) -> None:
         self.alias = alias
-        self.dialect = dialect
         # The server's clock (e.g. statement_timestamp()), read as an instant.
         self.now_sql = dialect.read_time(dialect.now())
         #: The store's ``fenced()``: a transaction that commits only under the lease.
@@ -87,17 +85,21 @@ class DatabaseSlots(SlotStore):
                 raise BackendUnavailable(f"database {self.alias!r}: {exc}") from exc
 
     def load(self, lease: Lease) -> dict[str, Slot]:
+        from ...models import from_orm
+
         def load() -> dict[str, Slot]:
-            # Each time as an instant, whatever USE_TZ and the connection's time zone.
-            column = connections[self.alias].ops.quote_name("at")
-            rows = self._rows().filter(lease=lease.name)
-            rows = rows.annotate(instant=RawSQL(self.dialect.read_time(column), ()))
-            found = {}
-            for row in rows:
-                at = aware(row.instant)
-                assert at is not None, row.entry  # the column is not null
-                found[row.entry] = Slot(row.entry, at, row.token, row.holder, row.task_id, row.sent)
-            return found
+            # Each time as an instant, whatever USE_TZ (written with to_orm: claim()).
+            return {
+                row.entry: Slot(
+                    row.entry,
+                    from_orm(row.at, self.alias),
+                    row.token,
+                    row.holder,
+                    row.task_id,
+                    row.sent,
+                )
+                for row in self._rows().filter(lease=lease.name)
+            }
 
         return self._call(load)
 
