@@ -171,12 +171,15 @@ chaos-failovers: venv
 	done; exit $$status
 
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health
-# and metrics, asyncio), on the interpreters pyenv or the system provides; a missing one is skipped.
+# and metrics, asyncio), the times with USE_TZ = False and the admin (which follows Django's
+# own templates), on the interpreters pyenv or the system provides; a missing one is skipped.
 # APScheduler, huey and RQ: their oldest supported releases (3.9, 2.5, 2.7) beside Django
 # 4.2, their newest beside the others (APS, HUEY, RQ).
 COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py tests/unit/test_conf.py \
 	tests/components/test_lock.py tests/components/test_observability.py tests/components/test_async.py \
-	tests/components/test_apscheduler.py tests/components/test_huey.py tests/components/test_rq.py
+	tests/components/test_apscheduler.py tests/components/test_huey.py tests/components/test_rq.py \
+	tests/contract/test_local_time_zone.py tests/components/test_admin.py \
+	tests/components/test_admin_local_times.py
 COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
 	prometheus-client kazoo
 APS ?= APScheduler>=3.9,<4

@@ -41,7 +41,13 @@ class HistoryChangeList(ChangeList):
 
         Django lists the years, months or days that have rows with ``SELECT DISTINCT``
         over every matching row; here each date costs one ``MIN(at)`` seek on an index.
+        ``field_name``: the field's verbose name, which Django 6.1's template labels the
+        drill-down with ("Filter by ...").
         """
+        field = self.model._meta.get_field(self.date_hierarchy)
+        return {**self._hierarchy(), "field_name": field.verbose_name}
+
+    def _hierarchy(self) -> dict[str, Any]:
         field = self.date_hierarchy
         keys = f"{field}__year", f"{field}__month", f"{field}__day"
         year, month, day = (self.params.get(key) for key in keys)

@@ -660,7 +660,10 @@ def test_date_hierarchy_matches_djangos(admin_client: Client) -> None:
         response = admin_client.get(reverse(EVENTS), params)
         assert response.status_code == 200
         cl = response.context["cl"]
-        assert cl.hierarchy == date_hierarchy(cl), params
+        theirs, ours = date_hierarchy(cl), dict(cl.hierarchy)
+        if "field_name" not in theirs:  # Django before 6.1 labels it with nothing
+            del ours["field_name"]
+        assert ours == theirs, params
     months = admin_client.get(reverse(EVENTS), {"at__year": "2026"}).context["cl"].hierarchy
     assert [c["title"] for c in months["choices"]] == ["January 2026", "March 2026"]
 
