@@ -80,20 +80,26 @@ def test_lease_times_and_the_store_clock_are_instants(local_times: str, lease_na
         store.close()
 
 
-def test_a_beat_slot_keeps_its_instant(local_times: str, lease_name: str) -> None:
-    store = DatabaseBackend(local_times)
+def claimed_then_loaded(database: str, name: str, at: datetime) -> tuple[Slot, datetime]:
+    """A slot at ``at`` claimed under a lease of ``name``, then loaded back; and the slot
+    records' clock."""
+    store = DatabaseBackend(database)
     try:
-        lease, _ = store.acquire(lease_name, "alice", 30)
+        lease, _ = store.acquire(name, "alice", 30)
         assert lease is not None
         lease.deadline = clock() + 20  # as its term would have it: held
-        at = datetime(2026, 1, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
         slots = store.slots()
         slots.claim(lease, Slot("digest", at, lease.token, lease.holder, "task-1"))
-        found = slots.load(lease)["digest"]
-        assert found.at == at and found.at.tzinfo is not None, found
-        assert near(slots.now(), datetime.now(timezone.utc))
+        return slots.load(lease)["digest"], slots.now()
     finally:
         store.close()
+
+
+def test_a_beat_slot_keeps_its_instant(local_times: str, lease_name: str) -> None:
+    at = datetime(2026, 1, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
+    found, now = claimed_then_loaded(local_times, lease_name, at)
+    assert found.at == at and found.at.tzinfo is not None, found
+    assert near(now, datetime.now(timezone.utc))
 
 
 def test_another_stores_history_is_written_at_its_time(local_times: str, lease_name: str) -> None:
@@ -176,14 +182,6 @@ def test_a_beat_slot_keeps_its_instant_in_a_database_of_local_times(
     """Review of this change: with the slots read raw and written through the ORM, a
     database whose ``TIME_ZONE`` is set gave the slot back off by the zone's offset (MySQL,
     SQLite). Both ways go through the ORM."""
-    store = DatabaseBackend(database_zone)
-    try:
-        lease, _ = store.acquire(lease_name, "alice", 30)
-        assert lease is not None
-        lease.deadline = clock() + 20
-        at = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
-        slots = store.slots()
-        slots.claim(lease, Slot("digest", at, lease.token, lease.holder, "task-1"))
-        assert slots.load(lease)["digest"].at == at
-    finally:
-        store.close()
+    at = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+    found, _ = claimed_then_loaded(database_zone, lease_name, at)
+    assert found.at == at

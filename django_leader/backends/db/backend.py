@@ -81,7 +81,7 @@ class DatabaseBackend(Backend):
     def now(self) -> datetime:
         """The database server's clock (the one every lease time here is in)."""
         with self._cursor(atomic=False) as cursor:
-            cursor.execute(f"SELECT {self._tables.now()}", [])  # (params: "%%" is "%")
+            cursor.execute(f"SELECT {self.dialect.read_now()}", [])  # (params: "%%" is "%")
             value = aware(cursor.fetchone()[0])
         if value is None:
             raise BackendUnavailable(f"database {self.alias!r}: no time from the server")

@@ -65,6 +65,11 @@ class Dialect:
         is in ``TIME_ZONE`` when ``USE_TZ = False``) or parse it slowly."""
         return column
 
+    def read_now(self) -> str:
+        """The server's clock in a select list, read as :meth:`read_time` reads a time
+        (give the answer to :func:`aware`)."""
+        return self.read_time(self.now())
+
     def time_param(self, connection: Any, value: datetime) -> Any:
         """An aware time as a parameter of a statement on ``connection``, as the columns
         hold times: naive UTC (whatever ``USE_TZ``: Django refuses aware times where it

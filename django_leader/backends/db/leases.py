@@ -93,12 +93,13 @@ def _refused(
 ) -> tuple[None, Lease | None] | None:
     """An acquisition of ``name`` refused: ``(None, current holder)``, or None if the
     name has no row."""
-    now = tables.dialect.now()
-    failover_known = tables.dialect.server_identity is not None
+    d = tables.dialect
+    now = d.now()
+    failover_known = d.server_identity is not None
     # Held (the common case, one more statement), gated, or no row.
     cursor.execute(
         f"SELECT {tables.select}, {failover.gate(tables) if failover_known else 'TRUE'}, "
-        f"{tables.now()}, CASE WHEN holder <> '' AND expires_at > {now} THEN 1 ELSE 0 END "
+        f"{d.read_now()}, CASE WHEN holder <> '' AND expires_at > {now} THEN 1 ELSE 0 END "
         f"FROM {tables.leases} WHERE name = %s",
         [name],
     )
@@ -311,7 +312,7 @@ def request_handover(
             tables.insert_event(
                 cursor, EventKind.HANDOVER, row, detail=detail or f"to {to}", actor=actor
             )
-        cursor.execute(f"SELECT {tables.now()}", [])
+        cursor.execute(f"SELECT {d.read_now()}", [])
         now = aware(cursor.fetchone()[0])
     held = row.holder and row.expires_at is not None and now is not None
     return row if held and row.expires_at > now else None  # type: ignore[operator]

@@ -45,7 +45,7 @@ class DatabaseSlots(SlotStore):
     ) -> None:
         self.alias = alias
         # The server's clock (e.g. statement_timestamp()), read as an instant.
-        self.now_sql = dialect.read_time(dialect.now())
+        self.now_sql = dialect.read_now()
         #: The store's ``fenced()``: a transaction that commits only under the lease.
         self.fenced = fenced
 

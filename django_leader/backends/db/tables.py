@@ -88,11 +88,6 @@ class LeaseTables:
         read = self.dialect.read_time(column)
         return column if read == column else f"{read} AS {column}"
 
-    def now(self) -> str:
-        """The server's clock in a select list, read as :meth:`Dialect.read_time` reads
-        it (give the answer to :func:`~.dialect.aware`)."""
-        return self.dialect.read_time(self.dialect.now())
-
     @contextmanager
     def cursor(self, atomic: bool) -> Iterator[Any]:
         """A cursor on the private connection, in a transaction of its own if ``atomic``.
@@ -183,7 +178,7 @@ class LeaseTables:
         now = self.dialect.now()
         among, params = self.dialect.among(names)
         cursor.execute(
-            f"SELECT {self.select}, {self.now()} FROM {self.leases} "
+            f"SELECT {self.select}, {self.dialect.read_now()} FROM {self.leases} "
             f"WHERE name {among} AND holder <> '' AND expires_at > {now}",
             params,
         )
