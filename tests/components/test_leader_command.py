@@ -376,6 +376,44 @@ def test_prune_deletes_long_expired_candidacies(db_alias: str, lease_name: str) 
     assert list(candidates.filter(name=lease_name).values_list("identity", flat=True)) == ["live"]
 
 
+def test_prune_cutoff_is_the_same_instant_whatever_the_session_time_zone(
+    db_alias: str, lease_name: str
+) -> None:
+    """History times are UTC instants; the cutoff of ``prune --days 1`` must be one too.
+    On MySQL, Django's ``Now()`` is the session's local time compared with columns of
+    naive UTC: with the session 5 hours behind UTC, an event 25 hours old was kept (and,
+    ahead of UTC, one 23 hours old deleted). PostgreSQL compares instants whatever the
+    zone; SQLite has no session zone."""
+    from django.db import connections
+    from django.test import override_settings
+
+    zone = {"mysql": "SET time_zone = '-05:00'", "postgresql": "SET TIME ZONE 'Etc/GMT+5'"}
+    connection = connections[db_alias]
+    events = LeaseEvent.objects.using(db_alias)
+    now = timezone.now()
+    for label, age in (("old", timedelta(hours=25)), ("recent", timedelta(hours=23))):
+        events.create(
+            name=f"{lease_name}-{label}", kind="acquired", holder="h", token=1, at=now - age
+        )
+        # And a greater token of each name, so that the retention's rule (keep the
+        # greatest token of every name) does not keep the event under test.
+        events.create(name=f"{lease_name}-{label}", kind="acquired", holder="h", token=2, at=now)
+    if connection.vendor in zone:
+        with connection.cursor() as cursor:
+            cursor.execute(zone[connection.vendor])
+    try:
+        with override_settings(DJANGO_LEADER={"DATABASE": db_alias}):
+            call_command("leader", "prune", "--days", "1", stdout=io.StringIO())
+    finally:
+        connection.close()  # the session's zone goes with it
+    left = sorted(events.filter(name__startswith=lease_name).values_list("name", "token"))
+    assert left == [
+        (f"{lease_name}-old", 2),
+        (f"{lease_name}-recent", 1),
+        (f"{lease_name}-recent", 2),
+    ]
+
+
 def test_call_command_returns_instead_of_exiting(lease_name: str) -> None:
     """Exit status 3 is for the command line; from Python the answer is in the output."""
     from django_leader.management.commands.leader import Command

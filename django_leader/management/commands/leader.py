@@ -26,7 +26,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db.models import Exists, OuterRef, Q
-from django.db.models.functions import Now
+from django.utils import timezone
 
 from django_leader.backends import get_backend
 from django_leader.conf import get_settings, shown, validate_name
@@ -412,7 +412,7 @@ class Command(BaseCommand):
         return 0
 
     def do_prune(self, options: dict[str, Any]) -> int:
-        from django_leader.models import LeaseCandidate, LeaseEvent
+        from django_leader.models import LeaseCandidate, LeaseEvent, to_orm
 
         conf = get_settings()
         days = conf.history_retention if options["days"] is None else options["days"]
@@ -425,7 +425,11 @@ class Command(BaseCommand):
         self.stdout.write(f"forgot {forgotten} names unused for {days} days")
         database = backend.history_database or conf.database
         events = LeaseEvent.objects.using(database)
-        old = events.filter(at__lt=Now() - timedelta(days=days))
+        # The cutoffs are instants (this host's clock: the retention is in days) given to
+        # the ORM as such. Django's Now() is the session's local time on MySQL, compared
+        # there with columns of naive UTC: off by the session's offset.
+        now = timezone.now()
+        old = events.filter(at__lt=to_orm(now - timedelta(days=days), database))
         if backend.rows_database is not None:
             # Keep the event with the greatest token of every name (the latest of those):
             # the database backend continues fencing tokens from it should a lease row ever
@@ -442,9 +446,9 @@ class Command(BaseCommand):
             deleted += events.filter(id__in=ids).delete()[0]
         self.stdout.write(f"deleted {deleted} history events older than {days} days")
         # Candidacies of names nobody campaigns for any more (each announcement removes
-        # the expired ones of its own name only). A day late: MySQL's NOW() is local time.
+        # the expired ones of its own name only), a day after they expired.
         stale = LeaseCandidate.objects.using(database).filter(
-            expires_at__lt=Now() - timedelta(days=1)
+            expires_at__lt=to_orm(now - timedelta(days=1), database)
         )
         gone, _ = stale.delete()
         if gone:
