@@ -13,6 +13,7 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -63,7 +64,7 @@ class Timing:
     renew_interval: float
     retry_interval: float
 
-    @property
+    @cached_property  # (read on every store call: worked out once)
     def safety_margin(self) -> float:
         """How long before the store's expiry a holder stops believing it leads.
 
@@ -72,7 +73,7 @@ class Timing:
         """
         return min(self.ttl * 0.1, 2.0)
 
-    @property
+    @cached_property
     def call_timeout(self) -> float:
         """Upper bound of one store call; shorter than the renew deadline (SPEC rule 6)."""
         return max(0.2, min(self.renew_interval, (self.ttl - self.safety_margin) / 3))

@@ -179,16 +179,18 @@ def _only(emitted: Any) -> Any:
 
 
 # -- the thread driver ----------------------------------------------------------------------
-def _perform(effect: Effect, woken: threading.Event, drive: _Drive) -> None:
+def _perform(effect: Effect, woken: threading.Event | None, drive: _Drive) -> None:
     try:
         if isinstance(effect, Call):
             drive.value = effect.caller.call(
                 effect.bound, effect.fn, *effect.args, on_late=effect.on_late
             )
-        elif isinstance(effect, Pause):
-            drive.value = woken.wait(effect.timeout)
         else:
-            drive.value = _local(effect, woken, woken.set)
+            assert woken is not None
+            if isinstance(effect, Pause):
+                drive.value = woken.wait(effect.timeout)
+            else:
+                drive.value = _local(effect, woken, woken.set)
     except BaseException as exc:
         drive.failed(exc)
 
@@ -196,12 +198,15 @@ def _perform(effect: Effect, woken: threading.Event, drive: _Drive) -> None:
 def iterate(steps: Generator[Effect, Any, Any]) -> Generator[Any, None, None]:
     """Drive ``steps`` in this thread, blocking, yielding what they :class:`Emit`.
     Closing the generator closes the steps (they clean up)."""
-    drive, woken = _Drive(steps), threading.Event()
+    drive = _Drive(steps)
+    woken: threading.Event | None = None  # made for the first effect that is no Call
     try:
         while (effect := drive.next()) is not None:
             if isinstance(effect, Emit):
                 yield effect.value
             else:
+                if woken is None and not isinstance(effect, Call):
+                    woken = threading.Event()
                 _perform(effect, woken, drive)
     finally:
         steps.close()

@@ -17,6 +17,7 @@ from django.core.cache import caches
 
 from django_leader.backends.base import Backend
 from django_leader.backends.history import HistoryWriter, WrittenAfterwards
+from django_leader.backends.redis.call import call_all, call_script
 from django_leader.backends.redis.client import bounded, redis_client
 from django_leader.backends.redis.cluster import LazyCluster, slot_tag, slot_tags
 from django_leader.backends.redis.scripts import (
@@ -201,7 +202,9 @@ class RedisStore(WrittenAfterwards, Backend):
         if durable and (self.wait_replicas > 0 or self.cluster):
             return self.pipelined(script, [[len(keys), *keys, *args]], durable=True)[0]
         try:
-            return script(keys=keys, args=list(args))
+            if self.cluster:  # redis-py routes it to the slot's master
+                return script(keys=keys, args=list(args))
+            return call_script(self.client, script, keys, args)
         except errors() as exc:
             raise self.unavailable(exc) from exc
 
@@ -286,14 +289,14 @@ class RedisStore(WrittenAfterwards, Backend):
 
         server, indexes, asking = route
         wait = durable and self.wait_replicas > 0
-        pipe = server.pipeline(transaction=False)
+        commands: list[Sequence[Any]] = []
         for index in indexes:
             if asking:
-                pipe.execute_command("ASKING")
-            pipe.evalsha(script.sha, *calls[index])
+                commands.append(("ASKING",))
+            commands.append(("EVALSHA", script.sha, *calls[index]))
         if wait:
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
-        results = pipe.execute(raise_on_error=False)
+            commands.append(("WAIT", self.wait_replicas, self.wait_ms))
+        results = call_all(server, commands)
         acked = results.pop() if wait else None
         if asking:
             results = results[1::2]
