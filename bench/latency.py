@@ -71,21 +71,22 @@ def captured_sql() -> Iterator[list[tuple[str, Any]]]:
 
 @contextlib.contextmanager
 def captured_evalsha() -> Iterator[list[tuple[Any, ...]]]:
-    """Every EVALSHA (its arguments) sent by a redis-py client while the block runs."""
-    import redis
+    """Every EVALSHA (its arguments, as redis-py's ``evalsha`` takes them) that the Redis
+    backend sends while the block runs (``django_leader/backends/redis/call.py``)."""
+    from django_leader.backends.redis import call
 
     found: list[tuple[Any, ...]] = []
-    original = redis.Redis.evalsha
+    original = call._evalsha
 
-    def evalsha(self: Any, *args: Any) -> Any:
-        found.append(args)
-        return original(self, *args)
+    def evalsha(pool: Any, sha: str, keys: Any, args: Any) -> Any:
+        found.append((sha, len(keys), *keys, *args))
+        return original(pool, sha, keys, args)
 
-    redis.Redis.evalsha = evalsha  # type: ignore[method-assign]
+    call._evalsha = evalsha
     try:
         yield found
     finally:
-        redis.Redis.evalsha = original  # type: ignore[method-assign]
+        call._evalsha = original
 
 
 class Store:
