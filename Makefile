@@ -173,18 +173,20 @@ chaos-failovers: venv
 # Other Django versions: the store-facing core (conformance, lease, settings, lock, health
 # and metrics, asyncio), the times with USE_TZ = False and the admin (which follows Django's
 # own templates), on the interpreters pyenv or the system provides; a missing one is skipped.
-# APScheduler, huey and RQ: their oldest supported releases (3.9, 2.5, 2.7) beside Django
-# 4.2, their newest beside the others (APS, HUEY, RQ).
+# APScheduler, huey, RQ and redis-py (with django-redis 5): their oldest supported releases
+# (3.9, 2.5, 2.7, 4.5) beside Django 4.2, their newest beside the others (APS, HUEY, RQ,
+# REDIS).
 COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py tests/unit/test_conf.py \
 	tests/components/test_lock.py tests/components/test_observability.py tests/components/test_async.py \
 	tests/components/test_apscheduler.py tests/components/test_huey.py tests/components/test_rq.py \
 	tests/contract/test_local_time_zone.py tests/components/test_admin.py \
-	tests/components/test_admin_local_times.py
-COMPAT_DEPS := pytest pytest-django "psycopg[binary]" redis django-redis time-machine \
+	tests/components/test_admin_local_times.py tests/contract/test_redis_calls.py
+COMPAT_DEPS := pytest pytest-django "psycopg[binary]" $(REDIS) time-machine \
 	prometheus-client kazoo
 APS ?= APScheduler>=3.9,<4
 HUEY ?= huey>=2.5
 RQ ?= rq>=2.7
+REDIS ?= redis django-redis
 # pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.
 PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python) $(shell command -v python3.10))
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) $(shell command -v python3.12))
@@ -195,7 +197,8 @@ PY313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python) $(shel
 # to a file shown when all ended.
 compat:
 	@$(MAKE) --no-print-directory compat-one PY="$(PY310)" DJANGO="Django>=4.2,<5" \
-		APS="APScheduler==3.9.1.post1" HUEY="huey==2.5.0" RQ="rq==2.7.0" NAME=django42 >.compat-django42.log 2>&1 & first=$$!; \
+		APS="APScheduler==3.9.1.post1" HUEY="huey==2.5.0" RQ="rq==2.7.0" \
+		REDIS='"redis==4.5.5" "django-redis>=5.4,<6"' NAME=django42 >.compat-django42.log 2>&1 & first=$$!; \
 	$(MAKE) --no-print-directory compat-one PY="$(PY312)" DJANGO="Django>=5.2,<6" \
 		NAME=django52 >.compat-django52.log 2>&1 & second=$$!; \
 	$(MAKE) --no-print-directory compat-one PY="$(PY313)" DJANGO="Django>=6.0,<7" \
@@ -210,7 +213,7 @@ compat-one:
 	.venv-$(NAME)/bin/python -m pip install --quiet --upgrade pip; \
 	.venv-$(NAME)/bin/python -m pip install --quiet -e . "$(DJANGO)" "$(APS)" "$(HUEY)" "$(RQ)" $(COMPAT_DEPS); \
 	.venv-$(NAME)/bin/python -m pip install --quiet mysqlclient || true; \
-	echo "compat $(NAME): $$(.venv-$(NAME)/bin/python -c 'import sys, django, apscheduler, huey, rq; print("Python", sys.version.split()[0], "Django", django.get_version(), "APScheduler", apscheduler.__version__, "huey", huey.__version__, "RQ", rq.__version__)')"; \
+	echo "compat $(NAME): $$(.venv-$(NAME)/bin/python -c 'import sys, django, apscheduler, huey, rq, redis; print("Python", sys.version.split()[0], "Django", django.get_version(), "APScheduler", apscheduler.__version__, "huey", huey.__version__, "RQ", rq.__version__, "redis-py", redis.__version__)')"; \
 	.venv-$(NAME)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 demo: venv

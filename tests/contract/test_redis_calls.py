@@ -125,3 +125,30 @@ def test_a_connection_the_server_dropped_fails_one_call_and_the_next_reconnects(
             outcomes.append(True)
     assert outcomes in ([False, True], [True, True]), outcomes
     assert redis_store.release(lease)
+
+
+@pytest.mark.parametrize("project_limit", [None, 2**31, 50, 500])
+def test_the_bounded_pool_has_a_limit_it_can_make(
+    project_limit: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py before 6 gives a pool without ``max_connections`` a limit of 2**31, and its
+    ``BlockingConnectionPool`` fills a queue with one slot per connection allowed: the
+    backend's bounded pool, made with that limit, never finished being made (every
+    process with Django's ``RedisCache`` on redis-py 4.5 or 5 hung there, its memory
+    growing). The limit is the project's, at least 100, at most ``MAX_CONNECTIONS``."""
+    from django_leader.backends.redis import client as client_module
+
+    made: dict[str, Any] = {}
+
+    class Recorded(redis.BlockingConnectionPool):  # type: ignore[misc]
+        def __init__(self, **kwargs: Any) -> None:
+            made.update(kwargs)
+            super().__init__(**{**kwargs, "max_connections": 10})
+
+    monkeypatch.setattr(redis, "BlockingConnectionPool", Recorded)
+    project = redis.ConnectionPool(host="127.0.0.1", port=6379)
+    project.max_connections = project_limit if project_limit is not None else 2**31
+    client_module.bounded(redis.Redis(connection_pool=project), 1.0)
+    expected = {None: 100, 2**31: 100, 50: 100, 500: 500}[project_limit]
+    assert made["max_connections"] == expected
+    assert made["max_connections"] <= client_module.MAX_CONNECTIONS

@@ -91,13 +91,27 @@ def bounded(client: Any, timeout: float) -> Any:
         )  # fmt: skip
     # A blocking pool: a call beyond max_connections at once waits for a free connection
     # (within the bound) instead of failing with "Too many connections" — one process may
-    # run many Electors and locks. The limit is the project's pool's, at least 100.
-    limit = max(100, int(getattr(pool, "max_connections", 0) or 0))
+    # run many Electors and locks.
     return redis.Redis(
         connection_pool=redis.BlockingConnectionPool(
             connection_class=pool.connection_class,
-            max_connections=min(limit, 2**31 - 1),
+            max_connections=pool_limit(getattr(pool, "max_connections", None)),
             timeout=timeout,
             **kwargs,
         )
     )
+
+
+#: The most connections the backend's own pool allows a process: a blocking pool makes a
+#: slot for each when it is made.
+MAX_CONNECTIONS = 10_000
+#: What redis-py before 6 gives a pool made without a limit (none, in effect).
+_UNLIMITED = 2**31
+
+
+def pool_limit(project: int | None) -> int:
+    """The limit of the backend's own pool: the project pool's ``max_connections``, at
+    least 100 (also when it sets none), at most :data:`MAX_CONNECTIONS`."""
+    if not project or project >= _UNLIMITED:
+        return 100
+    return max(100, min(int(project), MAX_CONNECTIONS))
