@@ -136,11 +136,13 @@ def test_the_bounded_pool_has_a_limit_it_can_make(
     backend's bounded pool, made with that limit, never finished being made (every
     process with Django's ``RedisCache`` on redis-py 4.5 or 5 hung there, its memory
     growing). The limit is the project's, at least 100, at most ``MAX_CONNECTIONS``."""
+    from redis import BlockingConnectionPool
+
     from django_leader.backends.redis import client as client_module
 
     made: dict[str, Any] = {}
 
-    class Recorded(redis.BlockingConnectionPool):  # type: ignore[misc]
+    class Recorded(BlockingConnectionPool):
         def __init__(self, **kwargs: Any) -> None:
             made.update(kwargs)
             super().__init__(**{**kwargs, "max_connections": 10})
