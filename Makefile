@@ -181,12 +181,12 @@ COMPAT_TESTS := tests/contract/test_conformance.py tests/unit/test_lease.py test
 	tests/components/test_apscheduler.py tests/components/test_huey.py tests/components/test_rq.py \
 	tests/contract/test_local_time_zone.py tests/components/test_admin.py \
 	tests/components/test_admin_local_times.py tests/contract/test_redis_calls.py
+REDIS ?= redis django-redis
 COMPAT_DEPS := pytest pytest-django "psycopg[binary]" $(REDIS) time-machine \
 	prometheus-client kazoo
 APS ?= APScheduler>=3.9,<4
 HUEY ?= huey>=2.5
 RQ ?= rq>=2.7
-REDIS ?= redis django-redis
 # pyenv's own interpreters first: its shims on PATH may refuse to run an inactive version.
 PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python) $(shell command -v python3.10))
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) $(shell command -v python3.12))
