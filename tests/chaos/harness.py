@@ -480,8 +480,14 @@ class Harness:
         os.kill(pid, sig)
         record = self.fault(kind, start, start, target=who, token=leader["token"])
         if kind == "stop":
+            held = self.store.locks_held(pid) if stopped(pid) else ""
             self.wait(self.rng.uniform(1.2, 2.0) * c.ttl)
             os.kill(pid, signal.SIGCONT)
+            if held:
+                # Stopped inside a read or a write of the SQLite file (a renewal, a fenced
+                # write): as for a fenced-freeze, the store answers only from the SIGCONT.
+                record["ready"] = clock()
+                record["locks"] = held
         return record
 
     def store_fault(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
@@ -633,6 +639,24 @@ class Harness:
         back = self.set_clock(victim, "+0")
         return self.fault("clock-back", back, back, victim=victim, role=role, spec="+0",
                           identity=self.slots[victim], after=kind)  # fmt: skip
+
+
+def stopped(pid: int, timeout: float = 1.0) -> bool:
+    """Wait until the SIGSTOP sent to ``pid`` took effect (state ``T`` in
+    ``/proc/PID/stat``): from then on the locks it holds stay as they are. False if it did
+    not within ``timeout`` seconds, or is gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        # "PID (comm) STATE ...": comm may hold spaces and parentheses.
+        if stat[stat.rindex(")") + 2] in "Tt":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
 
 
 def _slot(identity: str) -> str:
@@ -800,6 +824,12 @@ def _check(config: Config, records: list[dict[str, Any]], workdir: Path, started
     checked = [r for r in records if r["ev"] in ("row", "run") or started <= r["t"] <= ended]
     result = checker.check(checked, config.params)
     faults = [r for r in records if r["ev"] == "fault"]
+    locked = [f for f in faults if f.get("locks")]
+    if locked:
+        notes = [*notes, f"{len(locked)} stop(s) of {len(faults)} faults caught a candidate "
+                 "holding a lock on the SQLite file (a read or a write under way), which keeps "
+                 "every writer out until it runs again: their recovery counts from the SIGCONT, "
+                 "as a fenced-freeze's does (docs/chaos.md)"]  # fmt: skip
     return Outcome(config, result, records, faults, workdir, started, ended, notes)
 
 

@@ -109,6 +109,12 @@ class Store:
         """The fenced writes, as ``row`` records for the checker."""
         return []
 
+    def locks_held(self, pid: int) -> str:
+        """The locks on the store that the stopped process ``pid`` keeps from every other
+        process until it runs again ("" if none: a server ends a frozen client's locks on
+        its own)."""
+        return ""
+
     def stop(self) -> None:
         """Stop the private server."""
 
@@ -123,6 +129,23 @@ class Store:
         row_id, token, writer, note = row
         return {"ev": "row", "id": int(row_id), "token": int(token), "who": writer,
                 "t": float(note)}  # fmt: skip
+
+
+def sqlite_locks(path: Path, pid: int, table: Path = Path("/proc/locks")) -> str:
+    """The POSIX locks (``READ``/``WRITE`` and byte range) that ``pid`` holds on the file
+    ``path``, from the kernel's lock table ``table``, comma-separated ("" if none)."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    held = []
+    for line in table.read_text().splitlines():
+        # "1: POSIX  ADVISORY  WRITE 1234 00:2a:5678 1073741824 1073741824"
+        fields = line.split()
+        if "->" in fields:  # a waiter, not a holder
+            continue
+        mine = len(fields) >= 8 and fields[1] == "POSIX" and fields[4] == str(pid)
+        if mine and fields[5] == inode:
+            held.append(f"{fields[3]} {fields[6]}-{fields[7]}")
+    return ", ".join(held)
 
 
 def _as_user(user: str) -> list[str]:
@@ -174,6 +197,12 @@ class SQLiteStore(Store):
         with sqlite3.connect(self.path, timeout=30) as db:
             found = db.execute(ROWS)
             return [self._row(row) for row in found]
+
+    def locks_held(self, pid: int) -> str:
+        """The POSIX locks ``pid`` holds on the database file (``/proc/locks``): SQLite's
+        shared, reserved, pending or exclusive lock. Any of them keeps every other process
+        from committing a write (a takeover included) in the default journal mode."""
+        return sqlite_locks(self.path, pid)
 
 
 class RedisStore(Store):
