@@ -191,6 +191,8 @@ class FailingJobStore(MemoryJobStore):
         super().update_job(job)
 
 
+# The scheduler thread's death is the fault under test: its exception is expected.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_leader_whose_scheduler_thread_died_gives_the_lease_up(
     backend: Any, lease_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
