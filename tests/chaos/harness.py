@@ -467,28 +467,35 @@ class Harness:
                 return None
             start = float(frozen["t"])
             record = self.fault(kind, start, start, target=who, token=leader["token"])
+            held = self.held(pid)
             self.until(lambda: clock() >= start + self.rng.uniform(2.5, 3.5) * c.ttl, 60)
-            os.kill(pid, signal.SIGCONT)
-            if self.store.name == "sqlite":
-                # SQLite has no server to abort the frozen transaction: its file lock
-                # keeps every writer out until the process runs again, so the store
-                # answers only from then on (docs/database-backend.md).
-                record["ready"] = clock()
+            self.resume(pid, record, held)
             return record
         sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[kind]
         start = clock()
         os.kill(pid, sig)
         record = self.fault(kind, start, start, target=who, token=leader["token"])
         if kind == "stop":
-            held = self.store.locks_held(pid) if stopped(pid) else ""
+            held = self.held(pid)
             self.wait(self.rng.uniform(1.2, 2.0) * c.ttl)
-            os.kill(pid, signal.SIGCONT)
-            if held:
-                # Stopped inside a read or a write of the SQLite file (a renewal, a fenced
-                # write): as for a fenced-freeze, the store answers only from the SIGCONT.
-                record["ready"] = clock()
-                record["locks"] = held
+            self.resume(pid, record, held)
         return record
+
+    def held(self, pid: int) -> str:
+        """The locks on the store that ``pid``, just sent a SIGSTOP, keeps every other
+        process out with while stopped (:meth:`Store.locks_held`), once the signal took
+        effect."""
+        return self.store.locks_held(pid) if stopped(pid) else ""
+
+    def resume(self, pid: int, record: dict[str, Any], held: str) -> None:
+        """SIGCONT to ``pid``, stopped by the fault ``record`` while it held the locks
+        ``held``. With any (SQLite has no server to end a frozen process's transaction or
+        read: its file lock keeps every writer out until the process runs again;
+        docs/database-backend.md) the store answers only from now on."""
+        os.kill(pid, signal.SIGCONT)
+        if held:
+            record["ready"] = clock()
+            record["locks"] = held
 
     def store_fault(self, leader: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
         """One of the store's own faults (:attr:`tests.chaos.stores.Store.faults`)."""
@@ -826,10 +833,11 @@ def _check(config: Config, records: list[dict[str, Any]], workdir: Path, started
     faults = [r for r in records if r["ev"] == "fault"]
     locked = [f for f in faults if f.get("locks")]
     if locked:
-        notes = [*notes, f"{len(locked)} stop(s) of {len(faults)} faults caught a candidate "
-                 "holding a lock on the SQLite file (a read or a write under way), which keeps "
-                 "every writer out until it runs again: their recovery counts from the SIGCONT, "
-                 "as a fenced-freeze's does (docs/chaos.md)"]  # fmt: skip
+        kinds = ", ".join(sorted({str(f["kind"]) for f in locked}))
+        notes = [*notes, f"{len(locked)} of the {len(faults)} faults ({kinds}) froze a "
+                 "candidate holding a lock on the SQLite file (a read or a write under way), "
+                 "which keeps every writer out until it runs again: their recovery counts "
+                 "from the SIGCONT (docs/chaos.md)"]  # fmt: skip
     return Outcome(config, result, records, faults, workdir, started, ended, notes)
 
 

@@ -131,13 +131,14 @@ class Store:
                 "t": float(note)}  # fmt: skip
 
 
-def sqlite_locks(path: Path, pid: int, table: Path = Path("/proc/locks")) -> str:
+def sqlite_locks(path: Path, pid: int) -> str:
     """The POSIX locks (``READ``/``WRITE`` and byte range) that ``pid`` holds on the file
-    ``path``, from the kernel's lock table ``table``, comma-separated ("" if none)."""
+    ``path``, from the kernel's lock table (``/proc/locks``), comma-separated ("" if
+    none)."""
     st = os.stat(path)
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     held = []
-    for line in table.read_text().splitlines():
+    for line in Path("/proc/locks").read_text().splitlines():
         # "1: POSIX  ADVISORY  WRITE 1234 00:2a:5678 1073741824 1073741824"
         fields = line.split()
         if "->" in fields:  # a waiter, not a holder

@@ -4,6 +4,7 @@ SQLite locks, taken by this process and by a stopped child."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos import harness
 from tests.chaos.harness import stopped
 from tests.chaos.stores import sqlite_locks
+from tests.unit.test_chaos_checker import fault, term
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks"
@@ -88,11 +91,6 @@ def test_a_stop_that_caught_a_lock_counts_from_the_sigcont(tmp_path: Path) -> No
     every takeover out until its SIGCONT at 14 s: the follower acts 0.2 s after it. Counted
     from the SIGCONT (``ready``, as the harness records such a stop) that is in time, and
     the report's notes say why; counted from the stop it would be late (4.2 s > 3.5 s)."""
-    import json
-
-    from tests.chaos import harness
-    from tests.unit.test_chaos_checker import fault, term
-
     stop = {**fault("stop", 10.0, ready=14.0), "target": "a", "token": 1,
             "locks": "WRITE 1073741825-1073741825"}  # fmt: skip
     history = [*term("a", 1, 0.0, 10.0), stop, *term("b", 2, 14.2, 20.0)]
@@ -102,7 +100,8 @@ def test_a_stop_that_caught_a_lock_counts_from_the_sigcont(tmp_path: Path) -> No
     outcome = harness.recheck(tmp_path)
     assert outcome.result.violations == []
     assert [round(r.seconds or 0, 1) for r in outcome.result.recoveries] == [0.2]
-    assert outcome.notes and "1 stop" in outcome.notes[0] and "SIGCONT" in outcome.notes[0]
+    assert outcome.notes and "1 of the 1 faults (stop)" in outcome.notes[0]
+    assert "SIGCONT" in outcome.notes[0]
 
     stop["ready"] = stop["t"]  # as a stop that held no lock is recorded
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
